@@ -1,0 +1,109 @@
+"""Weight tables: how each Hugging Face family's tensors map onto trtforge's one generic decoder.
+
+A new architecture is a new table and a few flags, not a new model file (STYLE §5). Each rule
+names our tensor, the HF tensors it is made from (`{i}` = layer index) and how they combine:
+
+    concat   rows of several HF Linear weights stacked (fused q|k|v, fused gate|up)
+    copy     the tensor as it is
+    conv1d   GPT-2's Conv1D stores weights as [in, out]; we store nn.Linear's [out, in]
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from .errors import BuildError
+
+
+@dataclass(frozen=True)
+class WeightRule:
+    ours: str
+    sources: tuple[str, ...]
+    combine: str = "copy"  # copy | concat | conv1d
+    when: str | None = None
+    """Name of a ModelConfig boolean that must be true for this tensor to exist (e.g. qkv_bias)."""
+    unless: str | None = None
+    """Name of a ModelConfig boolean that must be false (e.g. tie_word_embeddings for lm_head)."""
+
+
+@dataclass(frozen=True)
+class ArchSpec:
+    architecture: str
+    family: str
+    globals: tuple[WeightRule, ...]
+    per_layer: tuple[WeightRule, ...]
+    qkv_bias: bool = False
+    qk_norm: bool = False
+    hf_prefixes: tuple[str, ...] = field(default_factory=tuple)
+    """Prefixes some checkpoints of the family omit (e.g. `transformer.` in old GPT-2 dumps)."""
+
+
+_R = WeightRule
+_ROPE_GLOBALS = (
+    _R("embed_tokens.weight", ("model.embed_tokens.weight",)),
+    _R("final_norm.weight", ("model.norm.weight",)),
+    _R("lm_head.weight", ("lm_head.weight",), unless="tie_word_embeddings"),
+)
+_P = "model.layers.{i}."
+_ROPE_LAYER = (
+    _R("input_norm.weight", (_P + "input_layernorm.weight",)),
+    _R("attn.qkv.weight", tuple(_P + f"self_attn.{x}_proj.weight" for x in "qkv"), "concat"),
+    _R("attn.qkv.bias", tuple(_P + f"self_attn.{x}_proj.bias" for x in "qkv"), "concat",
+       when="qkv_bias"),
+    _R("attn.q_norm.weight", (_P + "self_attn.q_norm.weight",), when="qk_norm"),
+    _R("attn.k_norm.weight", (_P + "self_attn.k_norm.weight",), when="qk_norm"),
+    _R("attn.o_proj.weight", (_P + "self_attn.o_proj.weight",)),
+    _R("attn.o_proj.bias", (_P + "self_attn.o_proj.bias",), when="o_bias"),
+    _R("post_attn_norm.weight", (_P + "post_attention_layernorm.weight",)),
+    _R("mlp.gate_up.weight", (_P + "mlp.gate_proj.weight", _P + "mlp.up_proj.weight"), "concat"),
+    _R("mlp.gate_up.bias", (_P + "mlp.gate_proj.bias", _P + "mlp.up_proj.bias"), "concat",
+       when="mlp_bias"),
+    _R("mlp.down.weight", (_P + "mlp.down_proj.weight",)),
+    _R("mlp.down.bias", (_P + "mlp.down_proj.bias",), when="mlp_bias"),
+)
+
+_G = "transformer.h.{i}."
+_GPT2_GLOBALS = (
+    _R("embed_tokens.weight", ("transformer.wte.weight",)),
+    _R("pos_embed.weight", ("transformer.wpe.weight",)),
+    _R("final_norm.weight", ("transformer.ln_f.weight",)),
+    _R("final_norm.bias", ("transformer.ln_f.bias",)),
+    _R("lm_head.weight", ("lm_head.weight",), unless="tie_word_embeddings"),
+)
+_GPT2_LAYER = (
+    _R("input_norm.weight", (_G + "ln_1.weight",)),
+    _R("input_norm.bias", (_G + "ln_1.bias",)),
+    _R("attn.qkv.weight", (_G + "attn.c_attn.weight",), "conv1d"),
+    _R("attn.qkv.bias", (_G + "attn.c_attn.bias",)),
+    _R("attn.o_proj.weight", (_G + "attn.c_proj.weight",), "conv1d"),
+    _R("attn.o_proj.bias", (_G + "attn.c_proj.bias",)),
+    _R("post_attn_norm.weight", (_G + "ln_2.weight",)),
+    _R("post_attn_norm.bias", (_G + "ln_2.bias",)),
+    _R("mlp.up.weight", (_G + "mlp.c_fc.weight",), "conv1d"),
+    _R("mlp.up.bias", (_G + "mlp.c_fc.bias",)),
+    _R("mlp.down.weight", (_G + "mlp.c_proj.weight",), "conv1d"),
+    _R("mlp.down.bias", (_G + "mlp.c_proj.bias",)),
+)
+
+ARCHITECTURES: dict[str, ArchSpec] = {
+    "LlamaForCausalLM": ArchSpec("LlamaForCausalLM", "llama", _ROPE_GLOBALS, _ROPE_LAYER),
+    "MistralForCausalLM": ArchSpec("MistralForCausalLM", "mistral", _ROPE_GLOBALS, _ROPE_LAYER),
+    "Qwen2ForCausalLM": ArchSpec("Qwen2ForCausalLM", "qwen2", _ROPE_GLOBALS, _ROPE_LAYER,
+                                 qkv_bias=True),
+    "Qwen3ForCausalLM": ArchSpec("Qwen3ForCausalLM", "qwen3", _ROPE_GLOBALS, _ROPE_LAYER,
+                                 qk_norm=True),
+    "GPT2LMHeadModel": ArchSpec("GPT2LMHeadModel", "gpt2", _GPT2_GLOBALS, _GPT2_LAYER,
+                                hf_prefixes=("transformer.",)),
+}
+
+
+def spec_for(architectures: list[str], model_type: str | None = None) -> ArchSpec:
+    """The spec of the first supported class in `architectures`, or a clear error."""
+    for arch in architectures:
+        if arch in ARCHITECTURES:
+            return ARCHITECTURES[arch]
+    shown = ", ".join(architectures) or f"(none listed; model_type={model_type!r})"
+    raise BuildError(
+        f"unsupported architecture {shown}: trtforge builds "
+        f"{', '.join(sorted(ARCHITECTURES))}. Check `architectures` in the checkpoint's config.json."
+    )

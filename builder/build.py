@@ -1,0 +1,104 @@
+"""`build-engine`: HF checkpoint → engine directory, written atomically.
+
+The build happens in a temporary directory beside the target and is renamed into place at the
+end, so a failed build leaves nothing behind and a reader never sees a half-written engine.
+"""
+
+from __future__ import annotations
+
+import os
+import resource
+import shutil
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from . import checkpoint as ckpt_mod
+from .architectures import spec_for
+from .build_config import BuildConfig
+from .convert import TORCH_DTYPES, convert
+from .engine_dir import EngineConfig, trtforge_version, write_engine_json
+from .errors import BuildError
+from .model_config import ModelConfig
+from .report import BuildReport, make_report
+
+
+def default_scheduling(build: BuildConfig) -> dict[str, Any]:
+    """Scheduler defaults recorded in engine.json; the runtime validates and may override them."""
+    return {"max_num_tokens": build.max_num_tokens, "max_batch_size": build.max_batch_size}
+
+
+def resolve_dtype(requested: str, model: ModelConfig) -> str:
+    if requested != "auto":
+        return requested
+    stored = model.torch_dtype
+    return stored if stored in TORCH_DTYPES else "float32"
+
+
+def build_engine(checkpoint: str, output: str | Path, build: BuildConfig, force: bool = False,
+                 scheduling: dict[str, Any] | None = None, progress: bool = True,
+                 on_tmp_dir: Any = None) -> tuple[Path, EngineConfig]:
+    """Build; returns (engine dir, its config). `on_tmp_dir(tmp, cfg)` lets a backend add files."""
+    start = time.perf_counter()
+    output = Path(output)
+    if output.exists() and not force:
+        raise BuildError(f"{output} already exists; pass --force to replace it.")
+    src = ckpt_mod.resolve(checkpoint)
+    hf = ckpt_mod.load_hf_config(src)
+    model = ModelConfig.from_hf(hf)
+    build.validate(model.max_position_embeddings, model.sliding_window)
+    ckpt_mod.check_tokenizer(src)
+    dtype = resolve_dtype(build.dtype, model)
+    spec = spec_for([model.architecture])
+    output.parent.mkdir(parents=True, exist_ok=True)
+    tmp = Path(tempfile.mkdtemp(prefix=f".{output.name}.building-", dir=output.parent))
+    try:
+        with ckpt_mod.TensorReader(src, allow_pickle=build.allow_pickle) as reader:
+            sizes = convert(model, spec, reader, hf, TORCH_DTYPES[dtype], tmp / "rank0.safetensors",
+                            progress=progress)
+        for f in ckpt_mod.tokenizer_files(src):
+            shutil.copy2(f, tmp / f.name)
+        report = make_report(model, build, dtype, sizes["parameters"], sizes["weight_bytes"])
+        if report.kv_num_blocks * build.kv_block_size < build.max_seq_len:
+            raise BuildError(
+                f"--kv-cache-memory {build.kv_cache_memory} holds {report.kv_tokens} tokens, fewer than one "
+                f"sequence of --max-seq-len {build.max_seq_len} ({report.kv_bytes_per_token} bytes/token): raise "
+                f"--kv-cache-memory to at least {report.kv_bytes_per_token * build.max_seq_len} bytes or lower --max-seq-len.")
+        cfg = EngineConfig(model=model, build=build.to_dict(), dtype=dtype, backend=build.backend,
+                           scheduling={**default_scheduling(build), **(scheduling or {})},
+                           versions={"trtforge": trtforge_version(), "torch": torch.__version__,
+                                     "transformers": _transformers_version(), "tensorrt": None})
+        if on_tmp_dir is not None:
+            on_tmp_dir(tmp, cfg)
+        _finish_report(report, start)
+        cfg.report = report.to_dict()
+        write_engine_json(tmp, cfg)
+        _set_default_mode(tmp)
+        if output.exists():
+            shutil.rmtree(output)
+        tmp.rename(output)
+    except BaseException:
+        shutil.rmtree(tmp, ignore_errors=True)
+        raise
+    return output, cfg
+
+
+def _set_default_mode(directory: Path) -> None:
+    """mkdtemp creates 0700; give the engine the permissions a plain mkdir would have."""
+    umask = os.umask(0)
+    os.umask(umask)
+    directory.chmod(0o777 & ~umask)
+
+
+def _finish_report(report: BuildReport, start: float) -> None:
+    report.build_seconds = round(time.perf_counter() - start, 2)
+    report.peak_rss_bytes = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
+
+
+def _transformers_version() -> str:
+    import transformers
+
+    return transformers.__version__

@@ -1,0 +1,79 @@
+"""How an engine is *built*: limits, dtype, backend, KV budget (apart from what the model is)."""
+
+from __future__ import annotations
+
+import re
+from dataclasses import asdict, dataclass
+
+from .errors import BuildError
+
+BACKENDS = ("torch", "tensorrt", "trtllm")
+DTYPES = ("auto", "float32", "float16", "bfloat16")
+DTYPE_BYTES = {"float32": 4, "float16": 2, "bfloat16": 2}
+_UNITS = {"": 1, "B": 1, "KB": 10**3, "MB": 10**6, "GB": 10**9, "TB": 10**12,
+          "KIB": 2**10, "MIB": 2**20, "GIB": 2**30, "TIB": 2**40}
+
+
+def parse_bytes(text: str | int) -> int:
+    """'4GiB' → 4294967296; '512MB' → 512000000; plain integers are bytes."""
+    if isinstance(text, int):
+        return text
+    m = re.fullmatch(r"\s*([0-9]*\.?[0-9]+)\s*([A-Za-z]*)\s*", str(text))
+    if not m or m.group(2).upper() not in _UNITS:
+        raise BuildError(f"cannot read {text!r} as a size in bytes: write e.g. 4GiB, 512MiB or 2000000000.")
+    return int(float(m.group(1)) * _UNITS[m.group(2).upper()])
+
+
+@dataclass
+class BuildConfig:
+    """Options of `build-engine`; recorded in engine.json under "build"."""
+
+    backend: str = "torch"
+    """torch (runs on CPU and CUDA with trtforge's runtime) | tensorrt (ONNX + PagedAttention plugin → TensorRT plan; needs a GPU) | trtllm (TensorRT-LLM; NGC container)."""
+    dtype: str = "auto"
+    """Weight and activation dtype: auto (the checkpoint's own) | float32 | float16 | bfloat16."""
+    max_batch_size: int = 64
+    """Most sequences in one iteration (the decode batch limit)."""
+    max_num_tokens: int = 2048
+    """Most tokens (prefill chunks + decode tokens) in one iteration."""
+    max_seq_len: int | None = None
+    """Longest sequence (prompt + output); default: the model's max_position_embeddings (or its sliding window)."""
+    kv_block_size: int = 16
+    """Tokens per KV-cache block (page)."""
+    kv_cache_memory: str = "2GiB"
+    """Memory given to the paged KV cache, e.g. 4GiB; decides how many blocks exist."""
+    allow_pickle: bool = False
+    """Accept pickled .bin weights (loaded with torch.load(weights_only=True)). Off: only safetensors."""
+
+    def to_dict(self) -> dict:
+        return asdict(self)
+
+    @property
+    def kv_cache_bytes(self) -> int:
+        return parse_bytes(self.kv_cache_memory)
+
+    def validate(self, max_position_embeddings: int, sliding_window: int | None) -> "BuildConfig":
+        """Check the options against each other and the model; fill max_seq_len. Returns self."""
+        if self.backend not in BACKENDS:
+            raise BuildError(f"--backend {self.backend!r} is unknown: choose one of {', '.join(BACKENDS)}.")
+        if self.dtype not in DTYPES:
+            raise BuildError(f"--dtype {self.dtype!r} is unknown: choose one of {', '.join(DTYPES)}.")
+        limit = min(max_position_embeddings, sliding_window or max_position_embeddings)
+        if self.max_seq_len is None:
+            self.max_seq_len = limit
+        for name in ("max_batch_size", "max_num_tokens", "max_seq_len", "kv_block_size"):
+            if getattr(self, name) < 1:
+                raise BuildError(f"--{name.replace('_', '-')} must be ≥ 1, got {getattr(self, name)}.")
+        if self.max_seq_len > limit:
+            why = "sliding window" if sliding_window and sliding_window < max_position_embeddings else "max_position_embeddings"
+            raise BuildError(f"--max-seq-len {self.max_seq_len} exceeds the model's {why} ({limit}); "
+                             f"choose --max-seq-len ≤ {limit}.")
+        if self.max_num_tokens < self.kv_block_size:
+            raise BuildError(f"contradictory limits: --max-num-tokens {self.max_num_tokens} is smaller than one "
+                             f"KV block (--kv-block-size {self.kv_block_size}); raise --max-num-tokens to at least "
+                             f"{self.kv_block_size} or lower --kv-block-size.")
+        if self.max_num_tokens < self.max_batch_size:
+            raise BuildError(f"contradictory limits: --max-num-tokens {self.max_num_tokens} < --max-batch-size "
+                             f"{self.max_batch_size}: a full decode batch needs one token per sequence.")
+        parse_bytes(self.kv_cache_memory)
+        return self

@@ -1,0 +1,158 @@
+"""Reading a Hugging Face checkpoint: local directory or hub id, safetensors (single or sharded),
+pickled .bin only when explicitly allowed. Tensors are read one at a time (never the whole model)."""
+
+from __future__ import annotations
+
+import json
+
+from contextlib import ExitStack
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from .errors import BuildError
+
+TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "special_tokens_map.json", "vocab.json",
+                   "merges.txt", "tokenizer.model", "added_tokens.json", "chat_template.jinja",
+                   "generation_config.json")
+_HUB_PATTERNS = ["*.json", "*.safetensors", "*.model", "*.txt", "*.jinja"]
+
+
+def resolve(path_or_id: str) -> Path:
+    """A local checkpoint directory, downloading a hub id (`org/name`) when the machine has network."""
+    path = Path(path_or_id).expanduser()
+    if path.is_dir():
+        return path
+    if path.exists():
+        raise BuildError(f"checkpoint {path_or_id!r} is a file; pass the directory holding config.json.")
+    if path_or_id.count("/") != 1 or path_or_id.startswith((".", "/", "~")):
+        raise BuildError(f"checkpoint directory {path_or_id!r} does not exist (and it is not a hub id "
+                         f"like 'Qwen/Qwen2.5-0.5B-Instruct').")
+    try:
+        from huggingface_hub import snapshot_download
+
+        return Path(snapshot_download(path_or_id, allow_patterns=_HUB_PATTERNS))
+    except Exception as exc:  # network errors come in many classes
+        raise BuildError(
+            f"could not download {path_or_id!r} from the Hugging Face hub ({type(exc).__name__}: "
+            f"{str(exc).splitlines()[0] if str(exc) else ''}). This machine may have no network or "
+            f"the id may be wrong: download the checkpoint elsewhere and pass its local directory."
+        ) from None
+
+
+def load_hf_config(ckpt: Path) -> Any:
+    if not (ckpt / "config.json").is_file():
+        raise BuildError(f"{ckpt} has no config.json: it is not a Hugging Face checkpoint directory.")
+    try:
+        raw = json.loads((ckpt / "config.json").read_text())
+    except json.JSONDecodeError as exc:
+        raise BuildError(f"{ckpt / 'config.json'} is not valid JSON ({exc}).") from None
+    from .architectures import spec_for
+
+    spec_for(list(raw.get("architectures") or []), raw.get("model_type"))  # clear error first
+    from transformers import AutoConfig
+
+    try:
+        return AutoConfig.from_pretrained(str(ckpt))
+    except Exception as exc:
+        raise BuildError(f"transformers cannot read {ckpt / 'config.json'}: {exc}") from None
+
+
+def check_tokenizer(ckpt: Path) -> None:
+    if not any((ckpt / f).is_file() for f in ("tokenizer.json", "tokenizer.model", "vocab.json")):
+        raise BuildError(f"{ckpt} has no tokenizer (none of tokenizer.json, tokenizer.model, vocab.json): "
+                         f"an engine must be self-contained; copy the tokenizer files into the checkpoint.")
+    from transformers import AutoTokenizer
+
+    try:
+        AutoTokenizer.from_pretrained(str(ckpt))
+    except Exception as exc:
+        raise BuildError(f"the tokenizer in {ckpt} cannot be loaded by transformers: {exc}") from None
+
+
+@dataclass
+class TensorInfo:
+    file: Path
+    shape: tuple[int, ...]
+    dtype: str
+
+
+class TensorReader:
+    """Index of every tensor in the checkpoint; `get(name)` reads one tensor from its file."""
+
+    def __init__(self, ckpt: Path, allow_pickle: bool = False):
+        self.ckpt = ckpt
+        self.index: dict[str, TensorInfo] = {}
+        self._stack = ExitStack()
+        self._handles: dict[Path, Any] = {}
+        self._pickled: dict[Path, dict[str, torch.Tensor]] = {}
+        files = self._weight_files(allow_pickle)
+        for f in files:
+            self._index_file(f)
+        self.size_on_disk = sum(f.stat().st_size for f in files)
+
+    def _weight_files(self, allow_pickle: bool) -> list[Path]:
+        c = self.ckpt
+        index = c / "model.safetensors.index.json"
+        if index.is_file():
+            names = sorted(set(json.loads(index.read_text())["weight_map"].values()))
+            missing = [n for n in names if not (c / n).is_file()]
+            if missing:
+                raise BuildError(f"{index.name} lists shard(s) that are missing from {c}: {', '.join(missing)}.")
+            return [c / n for n in names]
+        files = sorted(c.glob("*.safetensors"))
+        if files:
+            return files
+        bins = sorted(c.glob("*.bin"))
+        if bins and not allow_pickle:
+            raise BuildError(f"{c} holds only pickled weights ({bins[0].name}); pickles can run code when "
+                             f"loaded. Convert to safetensors, or pass --allow-pickle to load them with "
+                             f"torch.load(weights_only=True).")
+        if bins:
+            return bins
+        raise BuildError(f"{c} has no weights (no *.safetensors, model.safetensors.index.json or *.bin).")
+
+    def _index_file(self, f: Path) -> None:
+        if f.suffix == ".bin":
+            sd = torch.load(f, map_location="cpu", weights_only=True, mmap=True)
+            self._pickled[f] = sd
+            for name, t in sd.items():
+                self.index[name] = TensorInfo(f, tuple(t.shape), str(t.dtype).replace("torch.", ""))
+            return
+        from safetensors import safe_open
+
+        try:
+            h = self._stack.enter_context(safe_open(str(f), framework="pt"))
+        except Exception as exc:
+            raise BuildError(f"{f} is not a readable safetensors file ({exc}).") from None
+        self._handles[f] = h
+        for name in h.keys():
+            sl = h.get_slice(name)
+            self.index[name] = TensorInfo(f, tuple(sl.get_shape()), sl.get_dtype())
+
+    def has(self, name: str) -> bool:
+        return name in self.index
+
+    def get(self, name: str) -> torch.Tensor:
+        info = self.index[name]
+        if info.file in self._pickled:
+            return self._pickled[info.file][name]
+        return self._handles[info.file].get_tensor(name)
+
+    def close(self) -> None:
+        self._stack.close()
+        self._pickled.clear()
+
+    def __enter__(self) -> "TensorReader":
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        self.close()
+
+
+def tokenizer_files(ckpt: Path) -> list[Path]:
+    return [ckpt / f for f in TOKENIZER_FILES if (ckpt / f).is_file()]
+
+

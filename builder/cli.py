@@ -1,0 +1,97 @@
+"""`build-engine` (also `trtforge build`): the Click front of builder/build.py.
+
+Options come from `BuildConfig` (defaults and help written once, in the dataclass).
+"""
+
+from __future__ import annotations
+
+import sys
+from typing import Any
+
+import click
+
+from .build_config import BuildConfig
+from .config_docs import dataclass_options, pick
+from .errors import BuildError
+
+
+def _parse_schedule(items: tuple[str, ...]) -> dict[str, Any]:
+    out: dict[str, Any] = {}
+    for item in items:
+        key, sep, value = item.partition("=")
+        if not sep:
+            raise BuildError(f"--schedule {item!r} must look like KEY=VALUE (e.g. prefill_chunk_size=512).")
+        out[key.strip().replace("-", "_")] = value.strip()
+    return out
+
+
+def _backend_hook(build: BuildConfig) -> Any:
+    if build.backend == "tensorrt":
+        from .tensorrt_build import build_tensorrt  # needs a GPU and TensorRT; explains when absent
+
+        return build_tensorrt
+    if build.backend == "trtllm":
+        raise BuildError("--backend trtllm is not available yet in this trtforge version; use --backend torch "
+                         "(CPU/CUDA) or --backend tensorrt (GPU).")
+    return None
+
+
+@click.command("build", context_settings={"show_default": True})
+@click.argument("checkpoint")
+@click.option("--output", "-o", required=True, type=click.Path(file_okay=False), help="Engine directory to write.")
+@click.option("--force", is_flag=True, help="Replace an existing output directory.")
+@click.option("--triton-repo", type=click.Path(file_okay=False), default=None,
+              help="Also write a Triton model repository serving the engine here.")
+@click.option("--schedule", multiple=True, metavar="KEY=VALUE",
+              help="Default scheduler parameter stored in engine.json (see `trtforge serve --help`).")
+@click.option("--quiet", "-q", is_flag=True, help="No progress bar or report.")
+@dataclass_options(BuildConfig)
+def build_engine(checkpoint: str, output: str, force: bool, triton_repo: str | None,
+                 schedule: tuple[str, ...], quiet: bool, **options: Any) -> None:
+    """Convert a Hugging Face CHECKPOINT (local directory or hub id) into a trtforge engine."""
+    from .build import build_engine as run_build
+
+    try:
+        build = BuildConfig(**pick(BuildConfig, options))
+        scheduling = _validated_schedule(_parse_schedule(schedule), build)
+        out, cfg = run_build(checkpoint, output, build, force=force, scheduling=scheduling,
+                             progress=not quiet, on_tmp_dir=_backend_hook(build))
+    except BuildError as exc:
+        raise click.ClickException(str(exc)) from None
+    if not quiet:
+        from .report import BuildReport
+
+        click.echo(f"engine written to {out} ({cfg.model.architecture}, {cfg.dtype}, backend {cfg.backend})")
+        for line in BuildReport(**cfg.report).lines():
+            click.echo("  " + line)
+    if triton_repo:
+        _emit_repo(str(out), triton_repo)
+
+
+def _validated_schedule(values: dict[str, Any], build: BuildConfig) -> dict[str, Any]:
+    """Check --schedule values now rather than when a server loads the engine."""
+    if not values:
+        return values
+    try:
+        from trtforge.serving.config import SchedulerConfig, ConfigError
+    except ImportError:  # serving not installed: the runtime validates at load
+        return values
+    try:
+        return SchedulerConfig.coerce(values)
+    except (ConfigError, ValueError) as exc:
+        raise BuildError(f"--schedule: {exc}") from None
+
+
+def _emit_repo(engine_dir: str, repo: str) -> None:
+    from trtforge.serving.triton.emit import emit_repo
+
+    path = emit_repo(engine_dir, repo)
+    click.echo(f"Triton model repository written to {path}")
+
+
+def main() -> None:  # pragma: no cover - console script shim
+    build_engine(prog_name="build-engine")
+
+
+if __name__ == "__main__":  # pragma: no cover
+    sys.exit(main())

@@ -1,0 +1,120 @@
+"""Checkpoint → engine weights: apply the family's weight table, fuse, cast, stream to disk.
+
+Two passes. The first uses only tensor metadata: every tensor the table needs must exist with
+the shape the config implies — a broken checkpoint fails here, before anything is written, with
+the tensor's name. The second reads, combines and writes one output tensor at a time, so peak
+memory stays near one copy of the largest fused tensor (plus the checkpoint's mmap).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import torch
+from tqdm import tqdm
+
+from .architectures import ArchSpec, WeightRule
+from .checkpoint import TensorReader
+from .errors import BuildError
+from .model_config import ModelConfig
+from .rope import compute_inv_freq
+from .safetensors_stream import StreamingSafetensorsWriter
+
+TORCH_DTYPES = {"float32": torch.float32, "float16": torch.float16, "bfloat16": torch.bfloat16}
+
+
+@dataclass
+class Item:
+    """One output tensor: our name, HF source names, how to combine, expected source shapes."""
+
+    ours: str
+    sources: list[str]
+    combine: str
+    source_shapes: list[tuple[int, ...]]
+    shape: tuple[int, ...]
+
+
+def _source_shapes(cfg: ModelConfig, rule: WeightRule, shape: tuple[int, ...]) -> list[tuple[int, ...]]:
+    if rule.combine == "conv1d":
+        return [tuple(reversed(shape))]
+    if rule.combine == "copy":
+        return [shape]
+    rows = ([cfg.q_size, cfg.kv_size, cfg.kv_size] if rule.ours.startswith("attn.qkv")
+            else [cfg.intermediate_size] * 2)
+    return [(r, *shape[1:]) for r in rows]
+
+
+def plan(cfg: ModelConfig, spec: ArchSpec, reader: TensorReader) -> list[Item]:
+    """Every output tensor with its sources; raises BuildError for a missing or misshaped tensor."""
+    from .network import CausalLM
+
+    with torch.device("meta"):
+        expected = {k: tuple(v.shape) for k, v in CausalLM(cfg).state_dict().items()}
+    rules = [(r, None) for r in spec.globals]
+    rules += [(r, i) for i in range(cfg.num_layers) for r in spec.per_layer]
+    items = []
+    for rule, layer in rules:
+        if (rule.when and not getattr(cfg, rule.when)) or (rule.unless and getattr(cfg, rule.unless)):
+            continue
+        ours = rule.ours if layer is None else f"layers.{layer}.{rule.ours}"
+        shape = expected[ours]
+        sources = [_find(reader, s.format(i=layer), spec) for s in rule.sources]
+        wanted = _source_shapes(cfg, rule, shape)
+        for name, want in zip(sources, wanted):
+            got = reader.index[name].shape
+            if tuple(got) != tuple(want):
+                raise BuildError(
+                    f"tensor {name!r} has shape {list(got)} but the config ({cfg.architecture}: hidden "
+                    f"{cfg.hidden_size}, heads {cfg.num_heads}/{cfg.num_kv_heads}, head_dim {cfg.head_dim}, "
+                    f"intermediate {cfg.intermediate_size}, vocab {cfg.vocab_size}) implies {list(want)}. "
+                    f"The weights and config.json do not belong together.")
+        items.append(Item(ours, sources, rule.combine, wanted, shape))
+    return items
+
+
+def _find(reader: TensorReader, name: str, spec: ArchSpec) -> str:
+    if reader.has(name):
+        return name
+    for prefix in spec.hf_prefixes:
+        if name.startswith(prefix) and reader.has(name[len(prefix):]):
+            return name[len(prefix):]
+    raise BuildError(f"the checkpoint is missing tensor {name!r}, which {spec.architecture} needs "
+                     f"(files: {', '.join(sorted({i.file.name for i in reader.index.values()}))}). "
+                     f"The checkpoint is incomplete or its config.json describes another model.")
+
+
+def _combine(item: Item, tensors: list[torch.Tensor]) -> torch.Tensor:
+    if item.combine == "conv1d":
+        return tensors[0].t()
+    if item.combine == "concat":
+        return torch.cat(tensors, dim=0)
+    return tensors[0]
+
+
+def convert(cfg: ModelConfig, spec: ArchSpec, reader: TensorReader, hf_config: Any,
+            dtype: torch.dtype, out: Path, progress: bool = True) -> dict[str, int]:
+    """Write rank0.safetensors; returns {"parameters": n, "weight_bytes": b}."""
+    items = plan(cfg, spec, reader)
+    extra: list[tuple[str, torch.Tensor]] = []
+    if cfg.position == "rope":
+        inv_freq, scaling = compute_inv_freq(hf_config, cfg.rope_type, cfg.rope_theta, cfg.head_dim)
+        cfg.rope_attention_scaling = scaling
+        extra.append(("rope_inv_freq", inv_freq))
+    layout = [(i.ours, dtype, i.shape) for i in items] + [(n, t.dtype, tuple(t.shape)) for n, t in extra]
+    writer = StreamingSafetensorsWriter(out, layout, {"format": "pt", "producer": "trtforge"})
+    params = 0
+    try:
+        for item in tqdm(items, desc="converting", unit="tensor", disable=not progress):
+            tensor = _combine(item, [reader.get(s) for s in item.sources]).to(dtype)
+            writer.write(item.ours, tensor)
+            params += tensor.numel()
+            del tensor
+        for name, t in extra:
+            writer.write(name, t)
+    except BaseException:
+        writer.abort()
+        raise
+    writer.close()
+    return {"parameters": params, "weight_bytes": params * torch.empty((), dtype=dtype).element_size()}

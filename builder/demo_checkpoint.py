@@ -1,0 +1,74 @@
+"""`trtforge demo-checkpoint`: a RANDOM-WEIGHT Hugging Face checkpoint with a real trained tokenizer.
+
+For the quickstart, the tests and the benchmarks on machines without a model hub. The weights are
+random (their outputs are gibberish); the shapes can be those of a real model (`--size 0.5b` =
+Qwen2.5-0.5B's config), which is all that speed depends on. Every directory it writes carries a
+README and a `trtforge_demo` field in config.json saying so.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from .errors import BuildError
+from .tokenizer_training import train_tiny_tokenizer
+
+ARCHS = {"qwen2": "Qwen2ForCausalLM", "llama": "LlamaForCausalLM", "gpt2": "GPT2LMHeadModel",
+         "qwen3": "Qwen3ForCausalLM", "mistral": "MistralForCausalLM"}
+
+# The published configs' shapes (Qwen2.5-0.5B; Llama/GPT-2 at a similar 0.5B-class size).
+SIZES: dict[str, dict[str, dict[str, Any]]] = {
+    "tiny": {
+        "rope": dict(hidden_size=64, intermediate_size=128, num_hidden_layers=2, num_attention_heads=4,
+                     num_key_value_heads=2, max_position_embeddings=2048),
+        "gpt2": dict(n_embd=64, n_layer=2, n_head=4, n_positions=2048),
+    },
+    "0.5b": {
+        "rope": dict(vocab_size=151936, hidden_size=896, intermediate_size=4864, num_hidden_layers=24,
+                     num_attention_heads=14, num_key_value_heads=2, max_position_embeddings=32768,
+                     rope_theta=1000000.0, rms_norm_eps=1e-6, tie_word_embeddings=True),
+        "gpt2": dict(vocab_size=50257, n_embd=1280, n_layer=20, n_head=20, n_positions=4096),
+    },
+}
+
+
+def hf_config(arch: str, size: str, tokenizer: Any) -> Any:
+    from transformers import AutoConfig
+
+    if arch not in ARCHS:
+        raise BuildError(f"--arch {arch!r} is unknown: choose one of {', '.join(ARCHS)}.")
+    if size not in SIZES:
+        raise BuildError(f"--size {size!r} is unknown: choose one of {', '.join(SIZES)}.")
+    model_type = {"qwen2": "qwen2", "llama": "llama", "gpt2": "gpt2", "qwen3": "qwen3", "mistral": "mistral"}[arch]
+    dims = dict(SIZES[size]["gpt2" if arch == "gpt2" else "rope"])
+    dims.setdefault("vocab_size", len(tokenizer))
+    if arch == "qwen3":
+        dims.setdefault("head_dim", 2 * dims["hidden_size"] // dims["num_attention_heads"])
+    if arch == "mistral":
+        dims["sliding_window"] = None
+    cfg = AutoConfig.for_model(model_type, **dims, bos_token_id=tokenizer.bos_token_id,
+                               eos_token_id=tokenizer.eos_token_id, pad_token_id=tokenizer.pad_token_id)
+    cfg.architectures = [ARCHS[arch]]
+    return cfg
+
+
+def write_demo_checkpoint(out: str | Path, arch: str = "qwen2", size: str = "tiny", seed: int = 0,
+                          dtype: str = "float32") -> Path:
+    from transformers import AutoModelForCausalLM
+
+    out = Path(out)
+    out.mkdir(parents=True, exist_ok=True)
+    tokenizer = train_tiny_tokenizer(vocab_size=2048 if size != "tiny" else 512, out_dir=out)
+    cfg = hf_config(arch, size, tokenizer)
+    cfg.trtforge_demo = "random weights: outputs are meaningless; for tests, demos and benchmarks"
+    torch.manual_seed(seed)
+    model = AutoModelForCausalLM.from_config(cfg, dtype=getattr(torch, dtype))
+    model.save_pretrained(str(out), safe_serialization=True)
+    (out / "README.md").write_text(
+        f"# trtforge demo checkpoint ({arch}, {size}) — RANDOM WEIGHTS\n\n"
+        f"Made by `trtforge demo-checkpoint` with seed {seed}. The weights are random, so generated\n"
+        f"text is meaningless; the shapes and the tokenizer (trained locally) are real.\n")
+    return out

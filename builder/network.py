@@ -1,0 +1,146 @@
+"""The one generic decoder, on packed tokens with the paged-KV attention op.
+
+Reads top to bottom like the paper: Attention → MLP → DecoderLayer → CausalLM. Every family
+(Llama, Mistral, Qwen2, Qwen3, GPT-2) is this network with different flags (ModelConfig);
+their weights arrive through the tables in `architectures.py`.
+
+There is no batch dimension and no padding: an iteration's T new tokens from S sequences
+(prompt chunks and decode tokens mixed) are one [T, hidden] matrix, and `AttentionMetadata`
+tells the attention op which cache blocks each sequence owns.
+"""
+
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+import trtforge.plugins.paged_attention  # noqa: F401  (registers torch.ops.trtforge.paged_attention)
+from trtforge.plugins.paged_attention.metadata import AttentionMetadata
+
+from .model_config import ModelConfig
+from .rope import apply_rotary, rotary_cos_sin
+
+ACTIVATIONS = {
+    "silu": F.silu,
+    "gelu": F.gelu,
+    "gelu_tanh": lambda x: F.gelu(x, approximate="tanh"),
+    "relu": F.relu,
+}
+
+
+class RMSNorm(nn.Module):
+    """HF's RMSNorm: normalise in float32, cast back, then scale (the order matters for bf16 parity)."""
+
+    def __init__(self, dim: int, eps: float):
+        super().__init__()
+        self.weight = nn.Parameter(torch.ones(dim))
+        self.eps = eps
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        dtype = x.dtype
+        h = x.float()
+        h = h * torch.rsqrt(h.pow(2).mean(-1, keepdim=True) + self.eps)
+        return self.weight * h.to(dtype)
+
+
+def make_norm(cfg: ModelConfig, dim: int) -> nn.Module:
+    if cfg.norm == "rms":
+        return RMSNorm(dim, cfg.norm_eps)
+    return nn.LayerNorm(dim, eps=cfg.norm_eps)
+
+
+class Attention(nn.Module):
+    def __init__(self, cfg: ModelConfig):
+        super().__init__()
+        self.cfg = cfg
+        self.qkv = nn.Linear(cfg.hidden_size, cfg.q_size + 2 * cfg.kv_size, bias=cfg.qkv_bias)
+        self.o_proj = nn.Linear(cfg.q_size, cfg.hidden_size, bias=cfg.o_bias)
+        if cfg.qk_norm:
+            self.q_norm = RMSNorm(cfg.head_dim, cfg.norm_eps)
+            self.k_norm = RMSNorm(cfg.head_dim, cfg.norm_eps)
+        self.scale = cfg.head_dim ** -0.5
+
+    def forward(self, x: torch.Tensor, rope: tuple[torch.Tensor, torch.Tensor] | None,
+                kv_cache: torch.Tensor, meta: AttentionMetadata) -> torch.Tensor:
+        c = self.cfg
+        t = x.shape[0]
+        q, k, v = self.qkv(x).split([c.q_size, c.kv_size, c.kv_size], dim=-1)
+        q = q.view(t, c.num_heads, c.head_dim)  # [T, Hq, D]
+        k = k.view(t, c.num_kv_heads, c.head_dim)  # [T, Hkv, D]
+        v = v.view(t, c.num_kv_heads, c.head_dim)  # [T, Hkv, D]
+        if c.qk_norm:
+            q, k = self.q_norm(q), self.k_norm(k)
+        if rope is not None:
+            q, k = apply_rotary(q, *rope), apply_rotary(k, *rope)
+        out = torch.ops.trtforge.paged_attention(
+            q, k.contiguous(), v.contiguous(), kv_cache, meta.slot_mapping, meta.block_tables,
+            meta.seq_lens, meta.query_start_loc, self.scale)  # [T, Hq, D]
+        return self.o_proj(out.reshape(t, c.q_size))
+
+
+class MLP(nn.Module):
+    def __init__(self, cfg: ModelConfig):
+        super().__init__()
+        self.gated = cfg.gated_mlp
+        self.act = ACTIVATIONS[cfg.activation]
+        if self.gated:
+            self.gate_up = nn.Linear(cfg.hidden_size, 2 * cfg.intermediate_size, bias=cfg.mlp_bias)
+        else:
+            self.up = nn.Linear(cfg.hidden_size, cfg.intermediate_size, bias=cfg.mlp_bias)
+        self.down = nn.Linear(cfg.intermediate_size, cfg.hidden_size, bias=cfg.mlp_bias)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        if self.gated:
+            gate, up = self.gate_up(x).chunk(2, dim=-1)  # [T, I] each
+            return self.down(self.act(gate) * up)
+        return self.down(self.act(self.up(x)))
+
+
+class DecoderLayer(nn.Module):
+    def __init__(self, cfg: ModelConfig):
+        super().__init__()
+        self.input_norm = make_norm(cfg, cfg.hidden_size)
+        self.attn = Attention(cfg)
+        self.post_attn_norm = make_norm(cfg, cfg.hidden_size)
+        self.mlp = MLP(cfg)
+
+    def forward(self, x, rope, kv_cache, meta):
+        x = x + self.attn(self.input_norm(x), rope, kv_cache, meta)
+        return x + self.mlp(self.post_attn_norm(x))
+
+
+class CausalLM(nn.Module):
+    """Embeddings → N decoder layers → final norm → LM head, for one packed batch of tokens."""
+
+    def __init__(self, cfg: ModelConfig):
+        super().__init__()
+        self.cfg = cfg
+        self.embed_tokens = nn.Embedding(cfg.vocab_size, cfg.hidden_size)
+        if cfg.position == "learned":
+            self.pos_embed = nn.Embedding(cfg.max_position_embeddings, cfg.hidden_size)
+        else:
+            self.register_buffer("rope_inv_freq", torch.zeros(cfg.head_dim // 2), persistent=True)
+        self.layers = nn.ModuleList(DecoderLayer(cfg) for _ in range(cfg.num_layers))
+        self.final_norm = make_norm(cfg, cfg.hidden_size)
+        if not cfg.tie_word_embeddings:
+            self.lm_head = nn.Linear(cfg.hidden_size, cfg.vocab_size, bias=False)
+
+    def lm_head_weight(self) -> torch.Tensor:
+        return self.embed_tokens.weight if self.cfg.tie_word_embeddings else self.lm_head.weight
+
+    def forward(self, input_ids: torch.Tensor, positions: torch.Tensor,
+                kv_caches: list[torch.Tensor], meta: AttentionMetadata,
+                logits_indices: torch.Tensor) -> torch.Tensor:
+        """input_ids/positions int64 [T]; returns float32 logits [len(logits_indices), V]."""
+        x = self.embed_tokens(input_ids)  # [T, H]
+        rope = None
+        if self.cfg.position == "learned":
+            x = x + self.pos_embed(positions)
+        else:
+            rope = rotary_cos_sin(positions, self.rope_inv_freq, self.cfg.rope_attention_scaling,
+                                  x.dtype)
+        for layer, kv_cache in zip(self.layers, kv_caches):
+            x = layer(x, rope, kv_cache, meta)
+        x = self.final_norm(x[logits_indices])  # [S', H]: only rows whose logits are needed
+        return F.linear(x, self.lm_head_weight()).float()  # [S', V]

@@ -1,0 +1,54 @@
+"""The build report: what the engine costs in memory and how much KV the budget holds."""
+
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass
+
+from .build_config import DTYPE_BYTES, BuildConfig
+from .model_config import ModelConfig
+
+
+def kv_bytes_per_token(cfg: ModelConfig, dtype: str) -> int:
+    """2 (K and V) × layers × kv_heads × head_dim × dtype bytes. Llama-2-7B fp16: 512 KiB."""
+    return 2 * cfg.num_layers * cfg.num_kv_heads * cfg.head_dim * DTYPE_BYTES[dtype]
+
+
+@dataclass
+class BuildReport:
+    parameters: int
+    weight_bytes: int
+    kv_bytes_per_token: int
+    kv_cache_bytes: int
+    kv_num_blocks: int
+    kv_tokens: int
+    """Tokens the KV budget holds (whole blocks)."""
+    full_length_sequences: int
+    """How many max_seq_len sequences fit at once (what a non-paged cache could serve)."""
+    build_seconds: float = 0.0
+    peak_rss_bytes: int = 0
+
+    def to_dict(self) -> dict:
+        return asdict(self)
+
+    def lines(self) -> list[str]:
+        gib = 2**30
+        return [
+            f"parameters            {self.parameters:,}",
+            f"weights               {self.weight_bytes / gib:.3f} GiB",
+            f"KV per token          {self.kv_bytes_per_token / 1024:.1f} KiB",
+            f"KV budget             {self.kv_cache_bytes / gib:.3f} GiB = {self.kv_num_blocks:,} blocks "
+            f"= {self.kv_tokens:,} tokens",
+            f"full-length sequences {self.full_length_sequences:,} (paged: any mix of shorter ones fits)",
+            f"build time            {self.build_seconds:.1f} s, peak RSS {self.peak_rss_bytes / gib:.2f} GiB",
+        ]
+
+
+def make_report(cfg: ModelConfig, build: BuildConfig, dtype: str, parameters: int,
+                weight_bytes: int) -> BuildReport:
+    per_token = kv_bytes_per_token(cfg, dtype)
+    per_block = per_token * build.kv_block_size
+    blocks = build.kv_cache_bytes // per_block
+    tokens = blocks * build.kv_block_size
+    return BuildReport(parameters=parameters, weight_bytes=weight_bytes, kv_bytes_per_token=per_token,
+                       kv_cache_bytes=build.kv_cache_bytes, kv_num_blocks=blocks, kv_tokens=tokens,
+                       full_length_sequences=tokens // int(build.max_seq_len or 1))
