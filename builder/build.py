@@ -28,7 +28,9 @@ from .report import BuildReport, make_report
 
 def default_scheduling(build: BuildConfig) -> dict[str, Any]:
     """Scheduler defaults recorded in engine.json; the runtime validates and may override them."""
-    return {"max_num_tokens": build.max_num_tokens, "max_batch_size": build.max_batch_size}
+    return {"max_num_tokens": build.max_num_tokens, "max_batch_size": build.max_batch_size,
+            "prefill_chunk_size": min(512, build.max_num_tokens),
+            "prefill_max_seqs": min(64, build.max_batch_size)}
 
 
 def resolve_dtype(requested: str, model: ModelConfig) -> str:

@@ -1,0 +1,20 @@
+"""The paged-KV attention op: contract (metadata), reference, CPU and GPU implementations.
+
+Importing this package registers `torch.ops.trtforge.paged_attention`.
+"""
+
+from .metadata import AttentionMetadata
+from .op import (IMPLS, get_attention_impl, paged_attention, paged_attention_op, resolve_impl,
+                 set_attention_impl)
+from .reference import write_kv
+
+__all__ = [
+    "AttentionMetadata",
+    "IMPLS",
+    "get_attention_impl",
+    "paged_attention",
+    "paged_attention_op",
+    "resolve_impl",
+    "set_attention_impl",
+    "write_kv",
+]

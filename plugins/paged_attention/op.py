@@ -1,0 +1,163 @@
+"""`torch.ops.trtforge.paged_attention`: the one attention op of every trtforge network.
+
+The op owns the contract (DESIGN.md §3): it writes the new tokens' k/v into the layer's KV pool
+(declared as a mutation, so tracing and export see it) and returns causal attention over each
+sequence's cached + new context. Which implementation runs is a runtime choice:
+
+    set_attention_impl(name)  >  env TRTFORGE_ATTENTION_IMPL  >  "auto"
+    auto: CUDA tensors -> "triton" if trtforge.plugins.paged_attention.triton_kernels imports,
+          else "cpu" (vectorised torch, also correct on CUDA); CPU tensors -> "cpu".
+
+Every implementation is a function `(q, k, v, kv_cache, slot_mapping, block_tables, seq_lens,
+query_start_loc, scale) -> Tensor` doing both the write and the attention (so a kernel may fuse
+them): `reference.paged_attention`, `cpu.paged_attention`, and `_triton_impl`, which adapts
+`triton_kernels.paged_attention_triton` (that one also takes max_query_len / max_seq_len hints).
+"""
+
+from __future__ import annotations
+
+import importlib
+import logging
+import os
+from types import ModuleType
+from typing import Callable
+
+import torch
+
+from . import cpu, reference
+from .metadata import AttentionMetadata
+
+log = logging.getLogger(__name__)
+
+IMPLS = ("auto", "reference", "cpu", "triton")
+ENV_VAR = "TRTFORGE_ATTENTION_IMPL"
+_TRITON_MODULE = "trtforge.plugins.paged_attention.triton_kernels"
+
+_chosen: str | None = None  # set_attention_impl(); None = follow the environment variable
+_triton: ModuleType | None | bool = False  # False = not tried yet, None = unavailable
+
+
+def set_attention_impl(name: str | None) -> None:
+    """Choose the implementation for all later calls; None goes back to the env var / "auto"."""
+    if name is not None and name not in IMPLS:
+        raise ValueError(f"unknown attention implementation {name!r}; choose one of {IMPLS}")
+    global _chosen
+    _chosen = name
+
+
+def get_attention_impl() -> str:
+    """The configured implementation name (before "auto" is resolved)."""
+    name = _chosen or os.environ.get(ENV_VAR, "auto") or "auto"
+    if name not in IMPLS:
+        raise ValueError(f"{ENV_VAR}={name!r} is not an attention implementation; "
+                         f"set it to one of {IMPLS} or unset it")
+    return name
+
+
+def _load_triton(required: bool) -> ModuleType | None:
+    """Import the Triton kernels once; absent module or absent `triton` package -> None."""
+    global _triton
+    if _triton is False:
+        try:
+            _triton = importlib.import_module(_TRITON_MODULE)
+        except ModuleNotFoundError as err:
+            if err.name not in (_TRITON_MODULE, "triton") and not (err.name or "").startswith(
+                    "triton."):
+                raise  # a real bug inside the kernels module: do not hide it
+            log.info("Triton attention kernels unavailable (%s); using the torch path", err)
+            _triton = None
+    if _triton is None and required:
+        raise RuntimeError(f"attention implementation 'triton' was requested but {_TRITON_MODULE} "
+                           "could not be imported (is the `triton` package installed?); "
+                           f"choose another with set_attention_impl() or {ENV_VAR}")
+    return _triton
+
+
+def _triton_impl(q, k, v, kv_cache, slot_mapping, block_tables, seq_lens, query_start_loc,
+                 scale: float) -> torch.Tensor:
+    """Triton kernels with their grid-sizing hints derived from shapes alone.
+
+    The kernels are correct for any hints; the hints only pick tile shapes and KV splits. Exact
+    maxima would need a device->host sync per layer (or a schema change that would bake the
+    values into exported graphs), so we pass sync-free bounds: every scheduled sequence has at
+    least one new token, hence max_query_len <= T - S + 1 (exactly 1 for a pure decode step), and
+    max_seq_len <= block-table width * block_size.
+    """
+    num_tokens, num_seqs = q.shape[0], seq_lens.shape[0]
+    max_query_len = max(1, num_tokens - num_seqs + 1)
+    max_seq_len = block_tables.shape[1] * kv_cache.shape[2]
+    return _load_triton(required=True).paged_attention_triton(
+        q, k, v, kv_cache, slot_mapping, block_tables, seq_lens, query_start_loc, scale,
+        max_query_len, max_seq_len)
+
+
+def resolve_impl(device: torch.device) -> Callable[..., torch.Tensor]:
+    """The implementation function that will run for tensors on `device`."""
+    name = get_attention_impl()
+    if name == "reference":
+        return reference.paged_attention
+    if name == "cpu":
+        return cpu.paged_attention
+    if name == "triton":
+        _load_triton(required=True)
+        return _triton_impl
+    if device.type == "cuda" and _load_triton(required=False) is not None:
+        return _triton_impl
+    return cpu.paged_attention
+
+
+def check_inputs(q, k, v, kv_cache, slot_mapping, block_tables, seq_lens, query_start_loc):
+    """Shape/dtype checks (no data-dependent ones, so they also run on fake tensors)."""
+    if kv_cache.dim() != 5 or kv_cache.shape[0] != 2:
+        raise ValueError(f"kv_cache must be [2, num_blocks, block_size, Hkv, D], got "
+                         f"{list(kv_cache.shape)}")
+    if not kv_cache.is_contiguous():
+        raise ValueError("kv_cache must be contiguous (the op indexes it by flat slot); "
+                         "allocate the pool with torch.empty/zeros, not a slice or transpose")
+    _, _, _, num_kv_heads, head_dim = kv_cache.shape
+    if q.dim() != 3 or q.shape[2] != head_dim or q.shape[1] % num_kv_heads:
+        raise ValueError(f"q must be [T, Hq, {head_dim}] with Hq a multiple of Hkv="
+                         f"{num_kv_heads}, got {list(q.shape)}")
+    num_tokens = q.shape[0]
+    for name, t in (("k", k), ("v", v)):
+        if list(t.shape) != [num_tokens, num_kv_heads, head_dim]:
+            raise ValueError(f"{name} must be [T={num_tokens}, Hkv={num_kv_heads}, "
+                             f"D={head_dim}] like q and kv_cache, got {list(t.shape)}")
+    if slot_mapping.shape != (num_tokens,):
+        raise ValueError(f"slot_mapping must be [T={num_tokens}], got {list(slot_mapping.shape)}")
+    num_seqs = seq_lens.shape[0]
+    if seq_lens.dim() != 1 or query_start_loc.shape != (num_seqs + 1,):
+        raise ValueError(f"seq_lens must be [S] and query_start_loc [S+1]; got "
+                         f"{list(seq_lens.shape)} and {list(query_start_loc.shape)}")
+    if block_tables.dim() != 2 or block_tables.shape[0] != num_seqs:
+        raise ValueError(f"block_tables must be [S={num_seqs}, max_blocks_per_seq], got "
+                         f"{list(block_tables.shape)}")
+    for name, t in (("slot_mapping", slot_mapping), ("block_tables", block_tables),
+                    ("seq_lens", seq_lens), ("query_start_loc", query_start_loc)):
+        if t.is_floating_point() or t.is_complex():
+            raise ValueError(f"{name} must be an integer tensor, got {t.dtype}")
+
+
+@torch.library.custom_op("trtforge::paged_attention", mutates_args=("kv_cache",))
+def paged_attention_op(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, kv_cache: torch.Tensor,
+                       slot_mapping: torch.Tensor, block_tables: torch.Tensor,
+                       seq_lens: torch.Tensor, query_start_loc: torch.Tensor,
+                       scale: float) -> torch.Tensor:
+    """Write k/v into kv_cache at slot_mapping, return paged causal attention [T, Hq, D]."""
+    check_inputs(q, k, v, kv_cache, slot_mapping, block_tables, seq_lens, query_start_loc)
+    impl = resolve_impl(q.device)
+    return impl(q, k, v, kv_cache, slot_mapping, block_tables, seq_lens, query_start_loc, scale)
+
+
+@paged_attention_op.register_fake
+def _(q, k, v, kv_cache, slot_mapping, block_tables, seq_lens, query_start_loc, scale):
+    check_inputs(q, k, v, kv_cache, slot_mapping, block_tables, seq_lens, query_start_loc)
+    return q.new_empty(q.shape)
+
+
+def paged_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, kv_cache: torch.Tensor,
+                    meta: AttentionMetadata, scale: float) -> torch.Tensor:
+    """Model-side entry point: the op with its metadata taken from an AttentionMetadata."""
+    return torch.ops.trtforge.paged_attention(q, k, v, kv_cache, meta.slot_mapping,
+                                              meta.block_tables, meta.seq_lens,
+                                              meta.query_start_loc, scale)

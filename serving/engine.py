@@ -1,0 +1,266 @@
+"""The engine: one schedule → execute → update loop (STYLE §2), used by the CLI, the Triton
+adapter and the benchmarks alike.
+
+    add_request ──▶ Scheduler (ids, counts, block tables; no tensors)
+                        │ schedule(): decodes first, then prefill chunks, within the token budget
+                        ▼
+                    prepare_inputs ──▶ Executor (torch network | TensorRT) ──▶ logits
+                        │
+                    Sampler ──▶ Scheduler.update ──▶ detokenize + stop check ──▶ RequestOutput
+"""
+
+from __future__ import annotations
+
+import itertools
+import math
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Iterable, Iterator
+
+import torch
+
+from trtforge.builder.build_config import parse_bytes
+from trtforge.builder.engine_dir import EngineConfig, read_engine_config
+from trtforge.builder.loader import load_tokenizer
+from trtforge.builder.report import kv_bytes_per_token
+
+from .config import SchedulerConfig
+from .detokenizer import IncrementalDetokenizer
+from .executor import Executor, make_executor
+from .model_inputs import prepare_inputs
+from .outputs import RequestMetrics, RequestOutput
+from .sampler import Sampler, SamplingState
+from .sampling_params import SamplingParams
+from .scheduler import Scheduler, SchedulerOutput
+from .sequence import Sequence, SequenceStatus
+from .stop_checker import StopChecker
+
+_STATUS = {"stop": SequenceStatus.FINISHED_STOPPED, "length": SequenceStatus.FINISHED_LENGTH,
+           "abort": SequenceStatus.FINISHED_ABORTED, "error": SequenceStatus.FINISHED_ABORTED}
+
+
+@dataclass
+class EngineStats:
+    kv_blocks_used: int
+    kv_blocks_total: int
+    num_running: int
+    num_waiting: int
+    prompt_tokens_total: int
+    generation_tokens_total: int
+    num_preemptions: int
+
+
+@dataclass
+class _Request:
+    """Engine-side state of one request (the scheduler owns `seq`)."""
+
+    request_id: str
+    seq: Sequence
+    sampling: SamplingState
+    detok: IncrementalDetokenizer
+    stop: StopChecker
+    metrics: RequestMetrics
+    text: str = ""
+    cum_logprob: float = 0.0
+
+
+def scheduler_config_for(cfg: EngineConfig, num_blocks: int, overrides: dict[str, Any]) -> SchedulerConfig:
+    base = SchedulerConfig(max_seq_len=cfg.max_seq_len, block_size=cfg.block_size, num_blocks=num_blocks)
+    return base.with_overrides(**{**cfg.scheduling, **overrides})
+
+
+def num_kv_blocks(cfg: EngineConfig, kv_cache_memory: str | int | None) -> int:
+    """Blocks the KV budget buys (engine.json's budget unless overridden)."""
+    budget = parse_bytes(kv_cache_memory if kv_cache_memory is not None else cfg.build["kv_cache_memory"])
+    per_block = kv_bytes_per_token(cfg.model, cfg.dtype) * cfg.block_size
+    return max(1, budget // per_block)
+
+
+class LLMEngine:
+    def __init__(self, cfg: EngineConfig, executor: Executor, tokenizer: Any, sched: SchedulerConfig):
+        self.engine_config = cfg
+        self.executor = executor
+        self.tokenizer = tokenizer
+        self.scheduler_config = sched
+        self.scheduler = Scheduler(sched)
+        self.sampler = Sampler()
+        self._requests: dict[str, _Request] = {}
+        self._by_seq: dict[int, _Request] = {}
+        self._pending: list[RequestOutput] = []
+        self._ids = itertools.count()
+        self._eos = tuple(cfg.model.eos_token_ids)
+        self.prompt_tokens_total = 0
+        self.generation_tokens_total = 0
+        self.num_preemptions = 0
+
+    @classmethod
+    def from_engine_dir(cls, path: str | Path, device: str | torch.device = "cpu",
+                        kv_cache_memory: str | int | None = None, verify_checksums: bool = True,
+                        **scheduler_overrides: Any) -> "LLMEngine":
+        """Load an engine directory; scheduler parameters default to engine.json's and can be overridden."""
+        cfg = read_engine_config(path, verify_checksums=verify_checksums)
+        blocks = num_kv_blocks(cfg, kv_cache_memory)
+        sched = scheduler_config_for(cfg, blocks, scheduler_overrides)
+        executor = make_executor(str(path), cfg, blocks, device)
+        return cls(cfg, executor, load_tokenizer(path), sched)
+
+    # ---- requests ---------------------------------------------------------------------------
+    def add_request(self, prompt: str | list[int], params: SamplingParams | None = None,
+                    request_id: str | None = None, arrival_time: float | None = None) -> str:
+        """Queue a request; raises ValueError with a clear message for a bad one."""
+        params = (params or SamplingParams()).validate()
+        if params.bad_words:
+            params = params.resolve_bad_words(self.tokenizer)
+        ids = self._encode(prompt)
+        rid = request_id if request_id is not None else f"req-{next(self._ids)}"
+        if rid in self._requests:
+            raise ValueError(f"request id {rid!r} is already in use by an unfinished request")
+        now = time.monotonic()
+        seq = Sequence(seq_id=next(self._ids), prompt_token_ids=ids, max_tokens=params.max_tokens,
+                       arrival_time=arrival_time or now)
+        self.scheduler.add(seq)  # validates length and KV need
+        state = SamplingState(params=params, prompt_token_ids=ids, output_token_ids=seq.output_token_ids,
+                              eos_token_ids=self._eos)
+        req = _Request(rid, seq, state, IncrementalDetokenizer(self.tokenizer, ids, params.skip_special_tokens),
+                       StopChecker(self.scheduler_config.max_seq_len), RequestMetrics(arrival_time or now))
+        self._requests[rid] = req
+        self._by_seq[seq.seq_id] = req
+        self.prompt_tokens_total += len(ids)
+        return rid
+
+    def _encode(self, prompt: str | list[int]) -> list[int]:
+        if isinstance(prompt, str):
+            ids = self.tokenizer.encode(prompt, add_special_tokens=False)
+        else:
+            ids = [int(t) for t in prompt]
+            vocab = self.engine_config.model.vocab_size
+            bad = [t for t in ids if not 0 <= t < vocab]
+            if bad:
+                raise ValueError(f"prompt token ids {bad[:5]} are outside the vocabulary (0..{vocab - 1})")
+        if not ids:
+            raise ValueError("the prompt is empty: at least one token is needed")
+        return ids
+
+    def abort(self, request_id: str, reason: str = "abort", error: str | None = None) -> bool:
+        """Cancel a request and free its KV blocks; its final output comes with the next step()."""
+        req = self._requests.get(request_id)
+        if req is None:
+            return False
+        self.scheduler.finish(req.seq.seq_id, _STATUS[reason])
+        self._pending.append(self._finish(req, reason, [], "", error=error))
+        return True
+
+    def has_unfinished(self) -> bool:
+        return bool(self._requests) or bool(self._pending)
+
+    # ---- the loop ---------------------------------------------------------------------------
+    def step(self) -> list[RequestOutput]:
+        """One iteration: schedule → execute → update. Returns this step's outputs."""
+        outputs, self._pending = self._pending, []
+        sched = self.scheduler.schedule()
+        self.num_preemptions += len(sched.preempted)
+        if sched.is_empty:
+            return outputs
+        now = time.monotonic()
+        for chunk in sched.chunks:
+            m = self._by_seq[chunk.seq.seq_id].metrics
+            m.first_scheduled_time = m.first_scheduled_time or now
+        try:
+            sampled, logprobs = self._execute(sched)
+        except Exception as exc:  # a failing batch fails its requests, never the engine
+            for chunk in sched.chunks:
+                req = self._by_seq.get(chunk.seq.seq_id)
+                if req is not None and req.request_id in self._requests:
+                    self.abort(req.request_id, "error", f"{type(exc).__name__}: {exc}")
+            return outputs + self._drain_pending()
+        self.scheduler.update(sched, sampled)
+        done = time.monotonic()
+        for seq_id, token in sampled.items():
+            outputs.append(self._on_token(self._by_seq[seq_id], token, logprobs.get(seq_id), done))
+        return outputs
+
+    def _drain_pending(self) -> list[RequestOutput]:
+        out, self._pending = self._pending, []
+        return out
+
+    def _execute(self, sched: SchedulerOutput) -> tuple[dict[int, int], dict[int, Any]]:
+        inputs = prepare_inputs(sched, self.scheduler_config.block_size, self.executor.device)
+        if not inputs.sample_seq_ids:
+            return {}, {}
+        logits = self.executor.execute(inputs)
+        if not inputs.sample_seq_ids:
+            return {}, {}
+        states = [self._by_seq[i].sampling for i in inputs.sample_seq_ids]
+        result = self.sampler.sample(logits, states)
+        sampled = dict(zip(inputs.sample_seq_ids, result.token_ids))
+        logprobs = {i: (lp, top) for i, lp, top in zip(inputs.sample_seq_ids, result.logprobs,
+                                                         result.top_logprobs) if lp is not None}
+        return sampled, logprobs
+
+    def _on_token(self, req: _Request, token: int, logprob: Any, now: float) -> RequestOutput:
+        m = req.metrics
+        m.first_token_time = m.first_token_time or now
+        m.token_times.append(now)
+        self.generation_tokens_total += 1
+        if logprob is not None:
+            req.cum_logprob += logprob[0]
+        delta = req.detok.step([token])
+        reason, text = req.stop.check(req.sampling, token, delta)
+        lp = ([logprob[0]], [logprob[1]]) if logprob is not None else (None, None)
+        if reason is None:
+            req.text += text
+            return RequestOutput(req.request_id, [token], text, list(req.seq.output_token_ids), req.text,
+                                 False, None, req.seq.num_prompt_tokens, m, lp[0], lp[1],
+                                 req.cum_logprob if logprob is not None else None)
+        if not isinstance(req.stop.stop_reason, str):  # not cut at a stop string: flush the tail
+            text += req.stop.release(req.detok.flush())
+        self.scheduler.finish(req.seq.seq_id, _STATUS[reason])
+        out = self._finish(req, reason, [token], text)
+        out.logprobs, out.top_logprobs = lp
+        return out
+
+    def _finish(self, req: _Request, reason: str, new_ids: list[int], text: str,
+                error: str | None = None) -> RequestOutput:
+        req.metrics.finished_time = time.monotonic()
+        req.text += text
+        del self._requests[req.request_id]
+        del self._by_seq[req.seq.seq_id]
+        return RequestOutput(req.request_id, new_ids, text, list(req.seq.output_token_ids), req.text,
+                             True, reason, req.seq.num_prompt_tokens, req.metrics,
+                             cum_logprob=req.cum_logprob if req.sampling.params.logprobs is not None else None,
+                             error=error, stop_reason=req.stop.stop_reason)
+
+    # ---- conveniences -----------------------------------------------------------------------
+    def generate(self, prompts: Iterable[str | list[int]],
+                 params: SamplingParams | list[SamplingParams] | None = None) -> list[RequestOutput]:
+        """Run prompts together to completion; final outputs in input order."""
+        prompts = list(prompts)
+        plist = params if isinstance(params, list) else [params] * len(prompts)
+        rids = [self.add_request(p, sp) for p, sp in zip(prompts, plist)]
+        final: dict[str, RequestOutput] = {}
+        while len(final) < len(rids):
+            for out in self.step():
+                if out.finished:
+                    final[out.request_id] = out
+        return [final[r] for r in rids]
+
+    def stream(self, prompt: str | list[int], params: SamplingParams | None = None) -> Iterator[RequestOutput]:
+        """Stream one request's outputs (steps the engine; other requests advance too)."""
+        rid = self.add_request(prompt, params)
+        while True:
+            for out in self.step():
+                if out.request_id == rid:
+                    yield out
+                    if out.finished:
+                        return
+
+    def stats(self) -> EngineStats:
+        kv = self.scheduler.kv_manager
+        return EngineStats(kv.num_used_blocks, kv.num_blocks, self.scheduler.num_running,
+                           self.scheduler.num_waiting, self.prompt_tokens_total,
+                           self.generation_tokens_total, self.num_preemptions)
+
+
+def blocks_per_seq(cfg: EngineConfig) -> int:
+    return math.ceil(cfg.max_seq_len / cfg.block_size)

@@ -1,0 +1,49 @@
+"""Executors: run one iteration's packed batch on an engine and return the sampled rows' logits.
+
+The schedule→execute→update loop (engine.py) is written once; an executor is the strategy it
+plugs in — the torch network here, a TensorRT execution context in trt_executor.py.
+"""
+
+from __future__ import annotations
+
+from typing import Protocol
+
+import torch
+
+from trtforge.builder.engine_dir import EngineConfig
+from trtforge.builder.loader import load_network, torch_dtype
+
+from .model_inputs import ModelInputs
+
+
+class Executor(Protocol):
+    device: torch.device
+
+    def execute(self, inputs: ModelInputs) -> torch.Tensor:
+        """float32 logits [len(inputs.logits_indices), vocab]."""
+
+
+class TorchExecutor:
+    """Runs trtforge's own network (builder/network.py) with per-layer paged KV pools."""
+
+    def __init__(self, engine_dir: str, cfg: EngineConfig, num_blocks: int, device: str | torch.device = "cpu"):
+        self.device = torch.device(device)
+        self.network = load_network(engine_dir, cfg, self.device)
+        m = cfg.model
+        shape = (2, num_blocks, cfg.block_size, m.num_kv_heads, m.head_dim)
+        # One pool per layer, [2 (K,V), blocks, block_size, Hkv, D]: see plugins/paged_attention/metadata.py.
+        self.kv_caches = [torch.zeros(shape, dtype=torch_dtype(cfg), device=self.device)
+                          for _ in range(m.num_layers)]
+
+    @torch.inference_mode()
+    def execute(self, inputs: ModelInputs) -> torch.Tensor:
+        return self.network(inputs.input_ids, inputs.positions, self.kv_caches, inputs.meta,
+                            inputs.logits_indices)
+
+
+def make_executor(engine_dir: str, cfg: EngineConfig, num_blocks: int, device: str | torch.device) -> Executor:
+    if cfg.backend == "tensorrt":
+        from .trt_executor import TensorRTExecutor
+
+        return TensorRTExecutor(engine_dir, cfg, num_blocks, device)
+    return TorchExecutor(engine_dir, cfg, num_blocks, device)

@@ -1,0 +1,55 @@
+"""What the engine hands back each step, per request."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+FINISH_REASONS = ("stop", "length", "abort", "error")
+
+
+@dataclass
+class RequestMetrics:
+    """Timestamps on the engine's monotonic clock (time.monotonic(), seconds)."""
+
+    arrival_time: float
+    first_scheduled_time: float | None = None
+    first_token_time: float | None = None
+    token_times: list[float] = field(default_factory=list)
+    """When each output token was produced."""
+    finished_time: float | None = None
+
+    @property
+    def ttft(self) -> float | None:
+        return None if self.first_token_time is None else self.first_token_time - self.arrival_time
+
+    @property
+    def tpot(self) -> float | None:
+        """Mean time per output token after the first (vLLM's definition)."""
+        if len(self.token_times) < 2:
+            return None
+        return (self.token_times[-1] - self.token_times[0]) / (len(self.token_times) - 1)
+
+
+@dataclass
+class RequestOutput:
+    request_id: str
+    new_token_ids: list[int]
+    """Tokens produced by this step (usually one; empty for a final abort/error output)."""
+    text_delta: str
+    """Text completed by this step (may be "" while a character or stop string is pending)."""
+    output_token_ids: list[int]
+    """All generated tokens so far."""
+    text: str
+    """All generated text so far (the concatenation of the deltas)."""
+    finished: bool
+    finish_reason: str | None
+    """stop | length | abort | error, once finished."""
+    num_prompt_tokens: int
+    metrics: RequestMetrics
+    logprobs: list[float] | None = None
+    """Log-probabilities of new_token_ids (when requested)."""
+    top_logprobs: list[list[tuple[int, float]]] | None = None
+    cum_logprob: float | None = None
+    error: str | None = None
+    stop_reason: str | int | None = None
+    """The stop string or stop token that finished the request."""

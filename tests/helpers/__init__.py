@@ -1,0 +1,1 @@
+"""Shared test helpers (real components built offline, never mocks)."""
