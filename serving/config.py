@@ -1,0 +1,186 @@
+"""How requests are scheduled: the runtime options, separate for prefill and decode.
+
+One dataclass, documented field by field (the string under each field is its help text: the CLI
+and the Triton config read it through `SchedulerConfig.field_docs()`). `max_seq_len`, `block_size`
+and `num_blocks` describe the engine and the KV memory; the engine fills them in.
+"""
+
+from __future__ import annotations
+
+import ast
+import dataclasses
+import inspect
+import textwrap
+from dataclasses import dataclass
+from functools import lru_cache
+from typing import Any, ClassVar
+
+
+class ConfigError(ValueError):
+    """A scheduling option with a value the scheduler cannot work with."""
+
+
+@dataclass(frozen=True)
+class SchedulerConfig:
+    """Per-iteration budgets and admission/preemption policy of the in-flight batching scheduler."""
+
+    max_num_tokens: int = 8192
+    """Token budget of one iteration: decode tokens plus prefill tokens batched together."""
+    max_batch_size: int = 256
+    """Most sequences running at once (admitted and holding KV) — the decode batch limit."""
+    prefill_max_tokens: int | None = None
+    """Prefill token budget of one iteration (None: whatever max_num_tokens leaves after decodes)."""
+    prefill_chunk_size: int = 2048
+    """Most prompt tokens of one sequence computed in one iteration (0: whole prompt, no chunking)."""
+    prefill_max_seqs: int = 64
+    """Most sequences being prefilled (new or continuing chunks) in one iteration."""
+    prefill_order: str = "fcfs"
+    """Admission order of waiting requests: fcfs (a request that does not fit blocks the ones behind
+    it: no overtaking, no starvation) or shortest_first (fewest tokens first; long prompts can wait
+    while short ones keep arriving). Preempted requests always resume first."""
+    kv_watermark: float = 0.01
+    """Fraction of KV blocks kept free when admitting new requests, so running ones can grow without
+    being preempted at once (max_utilization only)."""
+    policy: str = "max_utilization"
+    """max_utilization: admit greedily; when a running sequence needs a block and none is free,
+    preempt the newest running one (recomputed later). guaranteed_no_evict: admit a request only if
+    its whole KV need (prompt + max_tokens) fits in blocks not promised to running ones; never
+    preempts."""
+    enable_prefix_caching: bool = True
+    """Reuse the KV of full blocks shared with earlier prompts (chained block hashes)."""
+    max_seq_len: int = 4096
+    """Most tokens of one sequence, prompt + output (from the engine)."""
+    block_size: int = 32
+    """Tokens per KV block (from the engine)."""
+    num_blocks: int = 4096
+    """KV blocks in the pool (from the engine, sized by the KV memory)."""
+
+    CHOICES: ClassVar[dict[str, tuple[str, ...]]] = {
+        "prefill_order": ("fcfs", "shortest_first"),
+        "policy": ("max_utilization", "guaranteed_no_evict"),
+    }
+
+    @classmethod
+    def field_docs(cls) -> dict[str, str]:
+        """{field name: its docstring}, for --help texts and Triton config descriptions."""
+        return dict(_field_docs(cls))
+
+    def with_overrides(self, **overrides: Any) -> SchedulerConfig:
+        """A validated copy with some fields replaced; string values (Triton parameters, env vars)
+        are converted to the field's type."""
+        cfg = dataclasses.replace(self, **_typed(overrides))
+        cfg.validate()
+        return cfg
+
+    @classmethod
+    def coerce(cls, values: dict[str, Any]) -> dict[str, Any]:
+        """Check option values before the engine is known (e.g. `build-engine --schedule`): names,
+        types (strings converted) and ranges; returns the typed values. Engine fields not given
+        take their least constraining legal value, so only the given values are judged; the engine
+        validates the whole config again at load."""
+        typed = _typed(values)
+        cls(**{"max_seq_len": 2, **typed}).validate()
+        return typed
+
+    def validate(self) -> None:
+        """Raise ConfigError naming the first option that makes scheduling impossible."""
+        for name in _KINDS:
+            _check_type(name, getattr(self, name), _KINDS[name])
+        _at_least("max_num_tokens", self.max_num_tokens, 1)
+        _at_least("max_batch_size", self.max_batch_size, 1)
+        _at_least("prefill_max_seqs", self.prefill_max_seqs, 1)
+        _at_least("block_size", self.block_size, 1)
+        _at_least("num_blocks", self.num_blocks, 1)
+        _at_least("max_seq_len", self.max_seq_len, 2, "(one prompt token plus one generated token)")
+        budget = self.max_num_tokens
+        if self.prefill_max_tokens is not None and not 1 <= self.prefill_max_tokens <= budget:
+            raise ConfigError(f"prefill_max_tokens={self.prefill_max_tokens} is invalid: must be None "
+                              f"(use the whole budget) or 1..max_num_tokens ({budget})")
+        if not (self.prefill_chunk_size == 0 or 1 <= self.prefill_chunk_size <= budget):
+            raise ConfigError(f"prefill_chunk_size={self.prefill_chunk_size} is invalid: must be 0 "
+                              f"(no chunking) or 1..max_num_tokens ({budget})")
+        for name, allowed in self.CHOICES.items():
+            if getattr(self, name) not in allowed:
+                raise ConfigError(f"{name}={getattr(self, name)!r} is invalid: must be one of "
+                                  f"{', '.join(allowed)}")
+        if not 0.0 <= self.kv_watermark <= 0.5:
+            raise ConfigError(f"kv_watermark={self.kv_watermark} is invalid: must be in 0..0.5 "
+                              "(a fraction of the KV blocks)")
+        self._validate_no_chunking()
+
+    def _validate_no_chunking(self) -> None:
+        # Without chunking a prompt (or a preempted sequence's recompute, up to max_seq_len - 1
+        # tokens) must be computed in one iteration, so both budgets must hold the longest one.
+        if self.prefill_chunk_size != 0:
+            return
+        longest = self.max_seq_len - 1
+        for name in ("max_num_tokens", "prefill_max_tokens"):
+            value = getattr(self, name)
+            if value is not None and value < longest:
+                raise ConfigError(
+                    f"{name}={value} is too small for prefill_chunk_size=0 (no chunking): a prompt "
+                    f"of up to max_seq_len - 1 = {longest} tokens must fit in one iteration; raise "
+                    f"{name} to >= {longest} or enable chunking with prefill_chunk_size > 0")
+
+
+def _at_least(name: str, value: int, low: int, why: str = "") -> None:
+    if value < low:
+        raise ConfigError(f"{name}={value} is invalid: must be >= {low} {why}".rstrip())
+
+
+# Field kinds, from the annotations (kept as strings by `from __future__ import annotations`).
+_KINDS: dict[str, str] = {f.name: str(f.type) for f in dataclasses.fields(SchedulerConfig)}
+_TRUE, _FALSE = {"1", "true", "yes", "on"}, {"0", "false", "no", "off"}
+
+
+def _typed(values: dict[str, Any]) -> dict[str, Any]:
+    typed = {}
+    for key, value in values.items():
+        if key not in _KINDS:
+            raise ConfigError(f"unknown scheduler option {key!r}; known options: {', '.join(_KINDS)}")
+        typed[key] = _coerce(key, value, _KINDS[key]) if isinstance(value, str) else value
+    return typed
+
+
+def _check_type(name: str, value: Any, kind: str) -> None:
+    if kind.endswith("| None") and value is None:
+        return
+    base = kind.removesuffix("| None").strip()
+    ok = {"int": isinstance(value, int) and not isinstance(value, bool),
+          "float": isinstance(value, (int, float)) and not isinstance(value, bool),
+          "bool": isinstance(value, bool), "str": isinstance(value, str)}[base]
+    if not ok:
+        raise ConfigError(f"{name}={value!r} is invalid: must be {kind}, got {type(value).__name__}")
+
+
+def _coerce(name: str, text: str, kind: str) -> Any:
+    """Convert a string option to the field's type, with a message naming the option if it fails."""
+    base, raw = kind.removesuffix("| None").strip(), text.strip()
+    if kind.endswith("| None") and raw.lower() in ("", "none", "null"):
+        return None
+    try:
+        if base == "int":
+            return int(raw)
+        if base == "float":
+            return float(raw)
+        if base == "bool" and raw.lower() in _TRUE | _FALSE:
+            return raw.lower() in _TRUE
+        if base == "str":
+            return raw
+    except ValueError:
+        pass
+    raise ConfigError(f"{name}={text!r} is invalid: expected {kind}")
+
+
+@lru_cache(maxsize=None)
+def _field_docs(cls: type) -> dict[str, str]:
+    # The docstring of a field is the string literal right after its annotated assignment.
+    tree = ast.parse(textwrap.dedent(inspect.getsource(cls)))
+    body = tree.body[0].body  # type: ignore[attr-defined]
+    docs = {}
+    for node, nxt in zip(body, body[1:]):
+        if (isinstance(node, ast.AnnAssign) and isinstance(node.target, ast.Name)
+                and isinstance(nxt, ast.Expr) and isinstance(nxt.value, ast.Constant)
+                and isinstance(nxt.value.value, str)):
+            docs[node.target.id] = " ".join(nxt.value.value.split())
+    return docs

@@ -1,0 +1,100 @@
+"""One request as the scheduler and the KV cache manager see it: token ids and counters, no tensors.
+
+Token layout of a sequence (positions are absolute):
+
+    all_token_ids = prompt_token_ids + output_token_ids
+    [0 ........................ num_computed_tokens) [num_computed_tokens .. num_tokens)
+     KV already in the cache (computed or reused)     still to compute (a prompt chunk, or the
+                                                      last sampled token = one decode step)
+
+Sampling parameters other than `max_tokens` live with the engine; the scheduler needs only
+`max_tokens` to know the most KV a request can ever hold.
+"""
+
+from __future__ import annotations
+
+import enum
+from dataclasses import dataclass, field
+
+
+class SequenceStatus(enum.Enum):
+    """Where a sequence is in its life."""
+
+    WAITING = "waiting"
+    """Added, never admitted yet (holds no KV blocks)."""
+    RUNNING = "running"
+    """Admitted: holds KV blocks; being prefilled (maybe in chunks) or decoded."""
+    PREEMPTED = "preempted"
+    """Evicted to free KV blocks; back in the waiting queue, recomputes prompt + outputs on resume."""
+    FINISHED_STOPPED = "finished_stopped"
+    """Finished on a stop token / stop word."""
+    FINISHED_LENGTH = "finished_length"
+    """Finished on max_tokens or max_seq_len."""
+    FINISHED_ABORTED = "finished_aborted"
+    """Cancelled by the client or the server."""
+
+    @property
+    def is_finished(self) -> bool:
+        return self in _FINISHED
+
+
+_FINISHED = frozenset({SequenceStatus.FINISHED_STOPPED, SequenceStatus.FINISHED_LENGTH,
+                       SequenceStatus.FINISHED_ABORTED})
+
+
+@dataclass(eq=False)  # identity semantics: two requests with equal tokens are still two requests
+class Sequence:
+    """A request's tokens, its KV block table and the counters the scheduler keeps for it."""
+
+    seq_id: int
+    """Unique id, chosen by the engine."""
+    prompt_token_ids: list[int]
+    """The prompt (at least one token)."""
+    max_tokens: int
+    """Most tokens to generate; `Scheduler.add` lowers it so prompt + output fit max_seq_len."""
+    output_token_ids: list[int] = field(default_factory=list)
+    """Tokens sampled so far, in order."""
+    arrival_time: float = 0.0
+    """When the request arrived (seconds, engine's clock) — for metrics; FCFS uses add() order."""
+    status: SequenceStatus = SequenceStatus.WAITING
+    """Life-cycle state, changed only by the scheduler."""
+    num_computed_tokens: int = 0
+    """Leading tokens of `all_token_ids` whose K/V are in the cache (computed or prefix-cache hits)."""
+    block_table: list[int] = field(default_factory=list)
+    """Physical KV block ids, in position order; block i holds positions [i*B, (i+1)*B)."""
+    num_cached_prefix_tokens: int = 0
+    """Tokens reused from the prefix cache at the latest admission (not recomputed)."""
+    num_preemptions: int = 0
+    """How many times this sequence was preempted (its KV dropped and recomputed)."""
+
+    @property
+    def all_token_ids(self) -> list[int]:
+        """Prompt followed by the outputs (a new list)."""
+        return self.prompt_token_ids + self.output_token_ids
+
+    @property
+    def num_prompt_tokens(self) -> int:
+        return len(self.prompt_token_ids)
+
+    @property
+    def num_output_tokens(self) -> int:
+        return len(self.output_token_ids)
+
+    @property
+    def num_tokens(self) -> int:
+        """Prompt + output tokens."""
+        return len(self.prompt_token_ids) + len(self.output_token_ids)
+
+    @property
+    def num_uncomputed_tokens(self) -> int:
+        """Tokens whose K/V still have to be computed (1 for a sequence in decode)."""
+        return self.num_tokens - self.num_computed_tokens
+
+    @property
+    def is_finished(self) -> bool:
+        return self.status.is_finished
+
+    @property
+    def last_token_id(self) -> int:
+        """The newest token (the input of the next decode step)."""
+        return self.output_token_ids[-1] if self.output_token_ids else self.prompt_token_ids[-1]
