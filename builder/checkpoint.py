@@ -4,6 +4,7 @@ pickled .bin only when explicitly allowed. Tensors are read one at a time (never
 from __future__ import annotations
 
 import json
+import struct
 
 from contextlib import ExitStack
 from dataclasses import dataclass
@@ -72,11 +73,36 @@ def check_tokenizer(ckpt: Path) -> None:
         raise BuildError(f"the tokenizer in {ckpt} cannot be loaded by transformers: {exc}") from None
 
 
+_ST_DTYPES = {"F64": torch.float64, "F32": torch.float32, "F16": torch.float16, "BF16": torch.bfloat16,
+              "I64": torch.int64, "I32": torch.int32, "I16": torch.int16, "I8": torch.int8, "U8": torch.uint8,
+              "BOOL": torch.bool}
+
+
+def _safetensors_header(f: Path) -> dict[str, tuple[str, tuple[int, ...], int, int]]:
+    """{name: (dtype code, shape, absolute begin, absolute end)} from a safetensors file's header."""
+    try:
+        with open(f, "rb") as fh:
+            (length,) = struct.unpack("<Q", fh.read(8))
+            header = json.loads(fh.read(length))
+    except (struct.error, json.JSONDecodeError, UnicodeDecodeError, OSError) as exc:
+        raise BuildError(f"{f} is not a readable safetensors file ({exc}).") from None
+    header.pop("__metadata__", None)
+    out = {}
+    for name, entry in header.items():
+        if entry["dtype"] not in _ST_DTYPES:
+            raise BuildError(f"{f}: tensor {name!r} has dtype {entry['dtype']}, which trtforge cannot convert.")
+        begin, end = entry["data_offsets"]
+        out[name] = (entry["dtype"], tuple(entry["shape"]), 8 + length + begin, 8 + length + end)
+    return out
+
+
 @dataclass
 class TensorInfo:
     file: Path
     shape: tuple[int, ...]
     dtype: str
+    begin: int = 0
+    end: int = 0
 
 
 class TensorReader:
@@ -121,25 +147,25 @@ class TensorReader:
             for name, t in sd.items():
                 self.index[name] = TensorInfo(f, tuple(t.shape), str(t.dtype).replace("torch.", ""))
             return
-        from safetensors import safe_open
-
-        try:
-            h = self._stack.enter_context(safe_open(str(f), framework="pt"))
-        except Exception as exc:
-            raise BuildError(f"{f} is not a readable safetensors file ({exc}).") from None
-        self._handles[f] = h
-        for name in h.keys():
-            sl = h.get_slice(name)
-            self.index[name] = TensorInfo(f, tuple(sl.get_shape()), sl.get_dtype())
+        for name, (dtype, shape, begin, end) in _safetensors_header(f).items():
+            self.index[name] = TensorInfo(f, shape, dtype, begin, end)
+        self._handles[f] = self._stack.enter_context(open(f, "rb"))
 
     def has(self, name: str) -> bool:
         return name in self.index
 
     def get(self, name: str) -> torch.Tensor:
+        """Read one tensor with plain file reads (not mmap), so pages of tensors already converted
+        do not stay resident: peak memory is the output's tensor, not the whole checkpoint."""
         info = self.index[name]
         if info.file in self._pickled:
             return self._pickled[info.file][name]
-        return self._handles[info.file].get_tensor(name)
+        f = self._handles[info.file]
+        buf = torch.empty(info.end - info.begin, dtype=torch.uint8)
+        f.seek(info.begin)
+        if f.readinto(memoryview(buf.numpy())) != len(buf):
+            raise BuildError(f"{info.file} is truncated: tensor {name!r} runs past the end of the file.")
+        return buf.view(_ST_DTYPES[info.dtype]).reshape(info.shape)
 
     def close(self) -> None:
         self._stack.close()

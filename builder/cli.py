@@ -27,8 +27,9 @@ def _parse_schedule(items: tuple[str, ...]) -> dict[str, Any]:
 
 def _backend_hook(build: BuildConfig) -> Any:
     if build.backend == "tensorrt":
-        from .tensorrt_build import build_tensorrt  # needs a GPU and TensorRT; explains when absent
+        from .tensorrt_build import build_tensorrt, require_tensorrt
 
+        require_tensorrt()  # fail before converting anything when TensorRT or the GPU is missing
         return build_tensorrt
     if build.backend == "trtllm":
         raise BuildError("--backend trtllm is not available yet in this trtforge version; use --backend torch "

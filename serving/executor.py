@@ -6,7 +6,7 @@ plugs in — the torch network here, a TensorRT execution context in trt_executo
 
 from __future__ import annotations
 
-from typing import Protocol
+from typing import Any, Protocol
 
 import torch
 
@@ -23,12 +23,13 @@ class Executor(Protocol):
         """float32 logits [len(inputs.logits_indices), vocab]."""
 
 
-class TorchExecutor:
-    """Runs trtforge's own network (builder/network.py) with per-layer paged KV pools."""
+class NetworkExecutor:
+    """Runs a network — trtforge's torch CausalLM (builder/network.py) or a TensorRT plan with the same
+    call signature (trt_executor.TensorRTNetwork) — over per-layer paged KV pools it owns."""
 
-    def __init__(self, engine_dir: str, cfg: EngineConfig, num_blocks: int, device: str | torch.device = "cpu"):
+    def __init__(self, network: Any, cfg: EngineConfig, num_blocks: int, device: str | torch.device = "cpu"):
         self.device = torch.device(device)
-        self.network = load_network(engine_dir, cfg, self.device)
+        self.network = network
         m = cfg.model
         shape = (2, num_blocks, cfg.block_size, m.num_kv_heads, m.head_dim)
         # One pool per layer, [2 (K,V), blocks, block_size, Hkv, D]: see plugins/paged_attention/metadata.py.
@@ -42,8 +43,9 @@ class TorchExecutor:
 
 
 def make_executor(engine_dir: str, cfg: EngineConfig, num_blocks: int, device: str | torch.device) -> Executor:
+    """The executor engine.json's backend asks for (TensorRT explains what is missing when it can't load)."""
     if cfg.backend == "tensorrt":
-        from .trt_executor import TensorRTExecutor
+        from .trt_executor import TensorRTNetwork
 
-        return TensorRTExecutor(engine_dir, cfg, num_blocks, device)
-    return TorchExecutor(engine_dir, cfg, num_blocks, device)
+        return NetworkExecutor(TensorRTNetwork.from_engine_dir(engine_dir), cfg, num_blocks, "cuda")
+    return NetworkExecutor(load_network(engine_dir, cfg, device), cfg, num_blocks, device)
