@@ -1,0 +1,117 @@
+"""Export side of the paged-KV attention op: a functional twin and its ONNX translation.
+
+The network calls `torch.ops.trtforge.paged_attention`, which updates the layer's KV pool in
+place. ONNX has no in-place updates and torch's ONNX exporter cannot translate the
+`auto_functionalized` wrapper that such an op becomes, so for export only:
+
+    torch.ops.trtforge.paged_attention(q, k, v, kv, ...) -> out           (mutates kv)
+          │  redirect_paged_attention(sink) swaps it, for the duration of the trace, for
+          ▼
+    torch.ops.trtforge.paged_attention_export(q, k, v, kv, ...) -> (out, kv_out)
+          │  custom_translation_table
+          ▼
+    trtforge::PagedAttention(q, k, v, kv, slot_mapping, block_tables, seq_lens,
+                             query_start_loc) -> (out, kv_out)
+        attributes: scale, plugin_namespace="trtforge", plugin_version="1"
+
+`kv_out` is collected in `sink` so the export wrapper can make it a graph output ("present
+KV"). TensorRT's plugin aliases it to the KV input (the pool is updated in place on the GPU);
+ONNX Runtime's PyOp returns a fresh copy that the caller feeds back on the next step.
+"""
+
+from __future__ import annotations
+
+import contextlib
+from typing import Iterator
+
+import onnxscript
+import torch
+from onnx.defs import OpSchema
+
+import trtforge.plugins.paged_attention  # noqa: F401  (registers torch.ops.trtforge.paged_attention)
+from trtforge.plugins.paged_attention import reference
+
+DOMAIN = "trtforge"
+OP_TYPE = "PagedAttention"
+PLUGIN_VERSION = "1"
+FLOAT_TYPES = ["tensor(float)", "tensor(float16)", "tensor(bfloat16)"]
+
+
+@torch.library.custom_op("trtforge::paged_attention_export", mutates_args=())
+def paged_attention_export(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
+                           kv_cache: torch.Tensor, slot_mapping: torch.Tensor,
+                           block_tables: torch.Tensor, seq_lens: torch.Tensor,
+                           query_start_loc: torch.Tensor,
+                           scale: float) -> tuple[torch.Tensor, torch.Tensor]:
+    """Functional paged attention: (out [T, Hq, D], updated copy of kv_cache). Export only."""
+    kv_out = kv_cache.clone()
+    out = reference.paged_attention(q, k, v, kv_out, slot_mapping, block_tables, seq_lens,
+                                    query_start_loc, scale)
+    return out, kv_out
+
+
+@paged_attention_export.register_fake
+def _(q, k, v, kv_cache, slot_mapping, block_tables, seq_lens, query_start_loc, scale):
+    return q.new_empty(q.shape), kv_cache.new_empty(kv_cache.shape)
+
+
+def _schema() -> OpSchema:
+    """ONNX schema of the node: lets onnxscript build it with two typed outputs."""
+    param = OpSchema.FormalParameter
+    attr = OpSchema.Attribute
+    return OpSchema(
+        OP_TYPE, DOMAIN, 1,
+        doc="Paged-KV attention over packed tokens; writes k/v into the pool (trtforge DESIGN §3).",
+        inputs=[param("q", "T"), param("k", "T"), param("v", "T"), param("kv_cache", "T"),
+                param("slot_mapping", "I64"), param("block_tables", "I32"),
+                param("seq_lens", "I32"), param("query_start_loc", "I32")],
+        outputs=[param("out", "T"), param("kv_cache_out", "T")],
+        type_constraints=[("T", FLOAT_TYPES, "activations and KV pool"),
+                          ("I64", ["tensor(int64)"], "slots"),
+                          ("I32", ["tensor(int32)"], "tables, lengths and offsets")],
+        attributes=[attr("scale", OpSchema.AttrType.FLOAT, "softmax scale"),
+                    attr("plugin_namespace", OpSchema.AttrType.STRING, "TensorRT plugin namespace"),
+                    attr("plugin_version", OpSchema.AttrType.STRING, "TensorRT plugin version")],
+    )
+
+
+_OPSET = onnxscript.values.Opset(DOMAIN, 1)
+_PAGED_ATTENTION = onnxscript.values.Op(_OPSET, OP_TYPE, op_schema=_schema())
+
+
+def _translate(q, k, v, kv_cache, slot_mapping, block_tables, seq_lens, query_start_loc,
+               scale: float):
+    """custom_translation_table entry: one `trtforge::PagedAttention` node."""
+    out, kv_out = _PAGED_ATTENTION(q, k, v, kv_cache, slot_mapping, block_tables, seq_lens,
+                                   query_start_loc, scale=scale, plugin_namespace=DOMAIN,
+                                   plugin_version=PLUGIN_VERSION)
+    return out, kv_out
+
+
+def translation_table() -> dict:
+    """What to pass as `torch.onnx.export(custom_translation_table=...)`."""
+    return {torch.ops.trtforge.paged_attention_export.default: _translate}
+
+
+@contextlib.contextmanager
+def redirect_paged_attention(sink: list[torch.Tensor]) -> Iterator[None]:
+    """Within the block, `torch.ops.trtforge.paged_attention` calls the functional export op
+    and appends each layer's updated pool to `sink` (in call order = layer order).
+
+    Only for tracing an export in this thread: the namespace attribute is swapped and put back.
+    """
+    namespace = torch.ops.trtforge
+    original = namespace.paged_attention
+
+    def functional(q, k, v, kv_cache, slot_mapping, block_tables, seq_lens, query_start_loc,
+                   scale):
+        out, kv_out = torch.ops.trtforge.paged_attention_export(
+            q, k, v, kv_cache, slot_mapping, block_tables, seq_lens, query_start_loc, scale)
+        sink.append(kv_out)
+        return out
+
+    namespace.paged_attention = functional
+    try:
+        yield
+    finally:
+        namespace.paged_attention = original
