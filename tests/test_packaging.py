@@ -1,0 +1,43 @@
+"""Packaging and repository hygiene: the wheel installs only under `trtforge/`, the Dockerfile and the
+shell scripts are lint-clean (hadolint / shellcheck from PyPI wheels listed in the dev extra)."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+import zipfile
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+BIN = Path(sys.executable).parent
+
+
+def test_wheel_has_no_generic_top_level_names(tmp_path):
+    subprocess.run([sys.executable, "-m", "pip", "wheel", "--no-deps", "--no-build-isolation", "-q",
+                    "-w", str(tmp_path), str(ROOT)], check=True, capture_output=True)
+    (wheel,) = tmp_path.glob("trtforge-*.whl")
+    tops = {name.split("/")[0] for name in zipfile.ZipFile(wheel).namelist()}
+    assert tops == {"trtforge", wheel.name.split("-")[0] + "-" + wheel.name.split("-")[1] + ".dist-info"}
+    names = zipfile.ZipFile(wheel).namelist()
+    for module in ("trtforge/builder/network.py", "trtforge/plugins/paged_attention/op.py",
+                   "trtforge/serving/engine.py", "trtforge/serving/triton/model.py"):
+        assert module in names
+    assert not any(n.startswith("trtforge/__init__") for n in names), "trtforge must stay a namespace package"
+
+
+def test_generic_names_not_importable_outside_the_repo():
+    code = ("import importlib.util, sys; import trtforge.serving.engine; "
+            "sys.exit(any(importlib.util.find_spec(m) for m in ('builder', 'serving', 'plugins')))")
+    result = subprocess.run([sys.executable, "-c", code], cwd="/", capture_output=True, text=True)
+    assert result.returncode == 0, result.stderr
+
+
+def test_dockerfile_is_lint_clean():
+    result = subprocess.run([str(BIN / "hadolint"), str(ROOT / "Dockerfile")], capture_output=True, text=True)
+    assert result.returncode == 0, result.stdout + result.stderr
+
+
+def test_shell_scripts_are_lint_clean():
+    scripts = sorted(str(p) for p in [*ROOT.glob("scripts/*.sh"), ROOT / ".ci" / "run"])
+    result = subprocess.run([str(BIN / "shellcheck"), *scripts], capture_output=True, text=True)
+    assert result.returncode == 0, result.stdout + result.stderr
