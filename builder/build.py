@@ -51,6 +51,7 @@ def build_engine(checkpoint: str, output: str | Path, build: BuildConfig, force:
     src = ckpt_mod.resolve(checkpoint)
     hf = ckpt_mod.load_hf_config(src)
     model = ModelConfig.from_hf(hf)
+    model.eos_token_ids = _eos_ids(src, model.eos_token_ids)
     build.validate(model.max_position_embeddings, model.sliding_window)
     ckpt_mod.check_tokenizer(src)
     dtype = resolve_dtype(build.dtype, model)
@@ -86,6 +87,21 @@ def build_engine(checkpoint: str, output: str | Path, build: BuildConfig, force:
         shutil.rmtree(tmp, ignore_errors=True)
         raise
     return output, cfg
+
+
+def _eos_ids(src: Path, from_config: list[int]) -> list[int]:
+    """config.json's EOS ids plus generation_config.json's (Qwen2.5-Instruct lists <|im_end|> only
+    there), which is what transformers' generate() stops on."""
+    if not (src / "generation_config.json").is_file():
+        return from_config
+    from transformers import GenerationConfig
+
+    try:
+        eos = GenerationConfig.from_pretrained(str(src)).eos_token_id
+    except Exception:  # a malformed generation config only loses the extra stop ids
+        return from_config
+    extra = eos if isinstance(eos, list) else ([] if eos is None else [eos])
+    return list(dict.fromkeys([*from_config, *(int(e) for e in extra)]))
 
 
 def _set_default_mode(directory: Path) -> None:

@@ -146,3 +146,13 @@ def test_sharded_checkpoint(tmp_path):
 
     ours = load_file(str(out / "rank0.safetensors"))
     assert ours["embed_tokens.weight"].equal(model.model.embed_tokens.weight)
+
+
+def test_generation_config_eos_ids_are_stop_ids(tmp_path):
+    ckpt = make_checkpoint(tmp_path / "ckpt", "qwen2")
+    gen = json.loads((ckpt / "generation_config.json").read_text())
+    gen["eos_token_id"] = [0, 7]  # like Qwen2.5-Instruct: <|im_end|> only in generation_config.json
+    (ckpt / "generation_config.json").write_text(json.dumps(gen))
+    out = tmp_path / "engine"
+    assert CliRunner().invoke(main, ["build", str(ckpt), "-o", str(out), "-q", "--kv-cache-memory", "8MiB"]).exit_code == 0
+    assert json.loads((out / "engine.json").read_text())["model"]["eos_token_ids"] == [0, 7]
