@@ -7,13 +7,14 @@ Algorithm, per call (one layer of one step):
    call: their blocks are gathered with one `index_select` into a [B, Lpad, Hkv, D] batch
    (Lpad = longest context rounded up to whole blocks) and padding is masked out. GQA is handled
    by folding the G = Hq/Hkv query heads that share a kv head into SDPA's query-length axis
-   (q [B, Hkv, G, D] against k [B, Hkv, Lpad, D]): no repeated KV is materialised, and on CPU this
-   is ~3x faster than `enable_gqa=True`, which measured slow for single-token queries.
+   (q [B, Hkv, G, D] against k [B, Hkv, Lpad, D]): no repeated KV is materialised, and SDPA
+   measured 1.7x (fp32) to 7x (bf16) faster than with `enable_gqa=True` on single-token queries.
 3. Every other sequence (a prompt or a prompt chunk) gets one SDPA call with `enable_gqa=True`
-   (measured as fast as folding for long queries). A chunk with no cached context attends only
-   to its own k/v, so those are used directly (no gather) with `is_causal=True`; a chunk after
-   cached context gathers its blocks and uses an explicit offset-causal mask (`is_causal=True`
-   would align the triangle to the top-left and hide cached positions from early tokens).
+   (for long queries that measured faster than folding or repeating KV heads). A chunk with no
+   cached context attends only to its own k/v, so those are used directly (no gather) with
+   `is_causal=True`; a chunk after cached context gathers its blocks and uses an explicit
+   offset-causal mask (`is_causal=True` would align the triangle to the top-left and hide
+   cached positions from early tokens).
 
 Gathered K/V land in reusable per-thread scratch buffers, not fresh tensors: a fresh multi-MB
 allocation per call is served by mmap and paid for in page faults on first touch, which measured
@@ -106,26 +107,27 @@ def _prefill_one(q, k, v, kv_cache, block_table, cached: int, scale: float):
 def paged_attention(q, k, v, kv_cache, slot_mapping, block_tables, seq_lens, query_start_loc,
                     scale: float) -> torch.Tensor:
     """Write k/v into kv_cache, then causal paged attention; see DESIGN.md §3. -> [T, Hq, D]."""
+    if kv_cache.dtype != q.dtype:
+        raise ValueError(f"the torch attention path needs kv_cache in q's dtype; got kv_cache "
+                         f"{kv_cache.dtype} and q {q.dtype}: build the KV pool in the model dtype")
     write_kv(kv_cache, k, v, slot_mapping)
     starts = query_start_loc.tolist()
     lens = seq_lens.tolist()
     num_seqs = len(lens)
     new_counts = [starts[s + 1] - starts[s] for s in range(num_seqs)]
     decodes = [s for s in range(num_seqs) if new_counts[s] == 1]
+    if 0 < len(decodes) == num_seqs == q.shape[0]:
+        # Pure decode step (the common case): tokens are already in sequence order.
+        return _decode_batch(q, kv_cache, block_tables, seq_lens, scale, max(lens))
     out = q.new_empty(q.shape)
     if decodes:
         max_len = max(lens[s] for s in decodes)
-        if len(decodes) == num_seqs and starts[-1] == num_seqs:
-            # Pure decode step (the common case): tokens are already in sequence order.
-            out[:num_seqs] = _decode_batch(q[:num_seqs], kv_cache, block_tables, seq_lens,
-                                           scale, max_len)
-        else:
-            index = torch.tensor(decodes, device=q.device)
-            tokens = torch.tensor([starts[s] for s in decodes], device=q.device)
-            result = _decode_batch(q.index_select(0, tokens), kv_cache,
-                                   block_tables.index_select(0, index),
-                                   seq_lens.index_select(0, index), scale, max_len)
-            out.index_copy_(0, tokens, result)
+        index = torch.tensor(decodes, device=q.device)
+        tokens = torch.tensor([starts[s] for s in decodes], device=q.device)
+        result = _decode_batch(q.index_select(0, tokens), kv_cache,
+                               block_tables.index_select(0, index),
+                               seq_lens.index_select(0, index), scale, max_len)
+        out.index_copy_(0, tokens, result)
     for s in range(num_seqs):
         if new_counts[s] < 2:
             continue

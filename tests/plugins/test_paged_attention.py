@@ -1,0 +1,233 @@
+"""The paged-KV attention op: implementations vs the reference, the reference vs dense attention,
+the KV write, the op registration (opcheck) and implementation selection."""
+
+from __future__ import annotations
+
+import math
+import os
+import subprocess
+import sys
+
+import pytest
+import torch
+
+import trtforge.plugins.paged_attention as pa
+from trtforge.plugins.paged_attention import cpu, op, reference
+from trtforge.plugins.paged_attention.testing import make_case
+
+# (cached_len, new_len) per sequence. Lengths are chosen to start, end and cross block
+# boundaries for block sizes 1, 16 and 32.
+SCENARIOS = {
+    "prefill": [(0, 37), (0, 5), (0, 1), (0, 16)],
+    "chunked_prefill": [(16, 21), (40, 7), (5, 33)],
+    "decode": [(15, 1), (16, 1), (31, 1), (47, 1), (0, 1), (2, 1)],
+    "mixed": [(0, 13), (33, 1), (20, 12), (7, 1), (0, 1), (64, 5), (31, 1)],
+}
+FP32_TOL = dict(atol=1e-5, rtol=1e-5)
+# bf16 inputs vs the fp32 reference on the same (upcast) inputs: bf16 keeps 8 mantissa bits, so
+# the output's own rounding is ~4e-3 relative; SDPA may also round probabilities to bf16 before
+# the P@V product. 2e-2 covers both and still catches any wrong position or head (errors ~1).
+BF16_TOL = dict(atol=2e-2, rtol=2e-2)
+
+
+@pytest.fixture(autouse=True)
+def _default_impl(monkeypatch):
+    monkeypatch.delenv(op.ENV_VAR, raising=False)
+    op.set_attention_impl(None)
+    yield
+    op.set_attention_impl(None)
+
+
+def run_op(case, impl: str) -> torch.Tensor:
+    """Run the registered op with implementation `impl` on the case (mutates case.kv_cache)."""
+    op.set_attention_impl(impl)
+    return torch.ops.trtforge.paged_attention(*case.op_args())
+
+
+def context_from_pool(case, s: int, pool_index: int) -> torch.Tensor:
+    """Sequence s's cache positions 0..seq_len-1 read by slot arithmetic: [L, Hkv, D]."""
+    pool = case.kv_cache[pool_index].flatten(0, 1)  # [num_blocks * bs, Hkv, D]
+    bs = case.kv_cache.shape[2]
+    seq_len = int(case.meta.seq_lens[s])
+    table = case.meta.block_tables[s].long()
+    positions = torch.arange(seq_len)
+    return pool[table[positions // bs] * bs + positions % bs]
+
+
+def dense_causal_attention(q, keys, values, first_pos: int, scale: float) -> torch.Tensor:
+    """Textbook attention, one head at a time: q [n, Hq, D] at positions first_pos.., keys/values
+    [L, Hkv, D] -> [n, Hq, D], float64 so it is well below every tolerance used here."""
+    n, num_heads, _ = q.shape
+    group = num_heads // keys.shape[1]
+    q, keys, values = q.double(), keys.double(), values.double()
+    out = torch.empty(q.shape, dtype=torch.float64)
+    causal = torch.ones(n, keys.shape[0]).tril(diagonal=first_pos).bool()
+    for h in range(num_heads):
+        scores = (q[:, h] @ keys[:, h // group].T) * scale
+        scores[~causal] = -math.inf
+        weights = scores.exp() / scores.exp().sum(-1, keepdim=True)
+        out[:, h] = weights @ values[:, h // group]
+    return out
+
+
+@pytest.mark.parametrize("cached,new", [(0, 23), (19, 6)])
+def test_reference_matches_dense_attention(cached, new):
+    """The oracle is checked against textbook attention, not only against itself."""
+    case = make_case([(cached, new)], block_size=4, num_heads=6, num_kv_heads=2, seed=3)
+    q, k, v = case.q, case.k, case.v
+    keys = torch.cat([context_from_pool(case, 0, 0)[:cached], k])
+    values = torch.cat([context_from_pool(case, 0, 1)[:cached], v])
+    expected = dense_causal_attention(q, keys, values, cached, case.scale)
+    got = reference.paged_attention(*case.op_args())
+    torch.testing.assert_close(got.double(), expected, **FP32_TOL)
+
+
+@pytest.mark.parametrize("impl", ["cpu", "auto"])
+@pytest.mark.parametrize("block_size", [1, 16, 32])
+@pytest.mark.parametrize("scenario", SCENARIOS)
+def test_op_matches_reference(scenario, block_size, impl):
+    case = make_case(SCENARIOS[scenario], block_size=block_size, num_heads=4, num_kv_heads=2)
+    expected = reference.paged_attention(*case.clone().op_args())
+    torch.testing.assert_close(run_op(case, impl), expected, **FP32_TOL)
+
+
+@pytest.mark.parametrize("ratio", [1, 2, 4, 8])
+@pytest.mark.parametrize("scenario", ["mixed", "decode"])
+def test_gqa_ratios(scenario, ratio):
+    case = make_case(SCENARIOS[scenario], block_size=16, num_heads=2 * ratio, num_kv_heads=2,
+                     seed=ratio)
+    expected = reference.paged_attention(*case.clone().op_args())
+    torch.testing.assert_close(run_op(case, "cpu"), expected, **FP32_TOL)
+
+
+@pytest.mark.parametrize("impl", ["reference", "cpu"])
+def test_writes_exactly_the_new_slots(impl):
+    case = make_case(SCENARIOS["mixed"], block_size=16, spare_blocks=4)
+    before = case.kv_cache.clone()
+    run_op(case, impl)
+    after_flat = case.kv_cache.flatten(1, 2)  # [2, slots, Hkv, D]
+    slots = case.meta.slot_mapping
+    torch.testing.assert_close(after_flat[0, slots], case.k, atol=0, rtol=0)
+    torch.testing.assert_close(after_flat[1, slots], case.v, atol=0, rtol=0)
+    untouched = torch.ones(after_flat.shape[1], dtype=torch.bool)
+    untouched[slots] = False
+    assert torch.equal(after_flat[:, untouched], before.flatten(1, 2)[:, untouched])
+
+
+@pytest.mark.parametrize("scenario", ["mixed", "chunked_prefill"])
+def test_bf16_against_fp32_reference(scenario):
+    case = make_case(SCENARIOS[scenario], block_size=16, num_heads=8, num_kv_heads=2,
+                     dtype=torch.bfloat16, seed=7)
+    expected = reference.paged_attention(*case.clone().to(dtype=torch.float32).op_args())
+    got = run_op(case, "cpu")
+    assert got.dtype == torch.bfloat16
+    torch.testing.assert_close(got.float(), expected, **BF16_TOL)
+
+
+def test_strided_qkv_from_fused_projection():
+    """q/k/v as views into one fused qkv activation, the way the model produces them."""
+    case = make_case(SCENARIOS["mixed"], block_size=16, num_heads=4, num_kv_heads=2)
+    expected = reference.paged_attention(*case.clone().op_args())
+    num_tokens, head_dim = case.q.shape[0], case.q.shape[2]
+    qkv = torch.cat([case.q, case.k, case.v], dim=1)  # [T, Hq + 2 Hkv, D]
+    case.q, case.k, case.v = qkv[:, :4], qkv[:, 4:6], qkv[:, 6:8]
+    assert not case.q.is_contiguous() and case.q.shape == (num_tokens, 4, head_dim)
+    torch.testing.assert_close(run_op(case, "cpu"), expected, **FP32_TOL)
+
+
+def test_wrapper_takes_metadata():
+    case = make_case(SCENARIOS["mixed"], block_size=16)
+    expected = reference.paged_attention(*case.clone().op_args())
+    got = pa.paged_attention(case.q, case.k, case.v, case.kv_cache, case.meta, case.scale)
+    torch.testing.assert_close(got, expected, **FP32_TOL)
+
+
+@pytest.mark.parametrize("impl", ["reference", "cpu"])
+def test_opcheck(impl):
+    """Validates the schema (mutation of kv_cache only), the fake impl and tracing support."""
+    op.set_attention_impl(impl)
+    case = make_case([(3, 2), (5, 1)], block_size=4, num_heads=4, num_kv_heads=2, head_dim=8)
+    torch.library.opcheck(torch.ops.trtforge.paged_attention.default, case.op_args())
+
+
+def test_impl_selection(monkeypatch):
+    assert op.resolve_impl(torch.device("cpu")) is cpu.paged_attention
+    monkeypatch.setenv(op.ENV_VAR, "reference")
+    assert op.resolve_impl(torch.device("cpu")) is reference.paged_attention
+    op.set_attention_impl("cpu")  # the explicit choice beats the environment
+    assert op.resolve_impl(torch.device("cpu")) is cpu.paged_attention
+    # auto on CUDA: the Triton kernels if they import, else the torch path; never an error.
+    op.set_attention_impl("auto")
+    assert op.resolve_impl(torch.device("cuda")) in (op._triton_impl, cpu.paged_attention)
+
+
+def test_bad_impl_names_explain_themselves(monkeypatch):
+    with pytest.raises(ValueError, match="'fast'.*choose one of"):
+        op.set_attention_impl("fast")
+    monkeypatch.setenv(op.ENV_VAR, "cuda")
+    with pytest.raises(ValueError, match="TRTFORGE_ATTENTION_IMPL='cuda'"):
+        op.resolve_impl(torch.device("cpu"))
+
+
+def test_bad_shapes_explain_themselves():
+    case = make_case([(3, 2)], block_size=4, num_heads=4, num_kv_heads=2, head_dim=8)
+    case.k = case.k[:, :1]
+    with pytest.raises(ValueError, match=r"k must be \[T=2, Hkv=2, D=8\].*got \[2, 1, 8\]"):
+        run_op(case, "cpu")
+
+
+def test_cpu_path_refuses_kv_cache_of_another_dtype():
+    case = make_case([(3, 2)], block_size=4, num_heads=4, num_kv_heads=2, head_dim=8)
+    case.kv_cache = case.kv_cache.to(torch.bfloat16)
+    with pytest.raises(ValueError, match="kv_cache torch.bfloat16 and q torch.float32"):
+        run_op(case, "cpu")
+
+
+TRITON_THROUGH_OP = """
+import torch
+from trtforge.plugins.paged_attention import op, reference
+from trtforge.plugins.paged_attention.testing import make_case
+case = make_case([(5, 3), (9, 1), (0, 6)], block_size=4, num_heads=4, num_kv_heads=2)
+expected = reference.paged_attention(*case.clone().op_args())
+op.set_attention_impl("triton")
+got = torch.ops.trtforge.paged_attention(*case.op_args())
+torch.testing.assert_close(got, expected, atol=1e-5, rtol=1e-5)
+"""
+
+
+def test_triton_impl_through_the_op():
+    """The op's adapter to the Triton kernels, interpreted on CPU when there is no GPU.
+
+    Runs in a fresh interpreter with TRITON_INTERPRET=1 from the start: the interpreter flag must
+    be set before anything imports `triton`, and calling a custom op imports torch._dynamo, which
+    imports triton (a default set later inside triton_kernels is then too late).
+    """
+    env = {**os.environ, "TRITON_INTERPRET": "1"}
+    env.pop(op.ENV_VAR, None)
+    proc = subprocess.run([sys.executable, "-c", TRITON_THROUGH_OP], env=env,
+                          capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+
+
+class _Attend(torch.nn.Module):
+    def forward(self, q, k, v, kv_cache, slot_mapping, block_tables, seq_lens, query_start_loc):
+        return torch.ops.trtforge.paged_attention(q, k, v, kv_cache, slot_mapping, block_tables,
+                                                  seq_lens, query_start_loc, 0.25)
+
+
+def test_torch_export_with_dynamic_batch():
+    """The op exports as one node with dynamic token/sequence counts and runs another batch."""
+    op.set_attention_impl("cpu")
+    small = make_case([(3, 2), (5, 1)], block_size=4, spare_blocks=3)
+    tokens, seqs = torch.export.Dim("tokens", max=4096), torch.export.Dim("seqs", max=256)
+    width = torch.export.Dim("width", max=4096)
+    dynamic = ({0: tokens}, {0: tokens}, {0: tokens}, None, {0: tokens},
+               {0: seqs, 1: width}, {0: seqs}, {0: seqs + 1})
+    program = torch.export.export(_Attend(), small.op_args()[:-1], dynamic_shapes=dynamic)
+    targets = [n.target for n in program.graph.nodes if n.op == "call_function"]
+    assert targets == [torch.ops.trtforge.paged_attention.default]
+    # Same pool size (7 blocks), different batch: 3 sequences, 11 tokens, wider block table.
+    other = make_case([(0, 7), (9, 1), (2, 3)], block_size=4, spare_blocks=0, seed=5)
+    expected = reference.paged_attention(*other.clone().op_args()[:-1], 0.25)
+    got = program.module()(*other.op_args()[:-1])
+    torch.testing.assert_close(got, expected, **FP32_TOL)
