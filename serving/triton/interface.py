@@ -1,0 +1,65 @@
+"""The tensors of the `ensemble` interface (REFERENCE §A) and of the engine model behind it.
+
+Kept free of protobuf/tritonclient imports: the engine model (model.py) reads it inside the
+python-backend stub, where only the runtime's own dependencies are guaranteed.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+ENSEMBLE = "ensemble"
+"""Name of the model clients call (as in TensorRT-LLM's inflight_batcher_llm repository); in a
+trtforge repository it is the decoupled python model running the engine (see emit.py)."""
+
+
+@dataclass(frozen=True)
+class TensorSpec:
+    """One input or output tensor of the `ensemble` interface."""
+
+    name: str
+    """Tensor name, as TensorRT-LLM's inflight_batcher_llm ensemble spells it."""
+    dtype: str
+    """model_config_pb2.DataType name, e.g. TYPE_STRING."""
+    dims: tuple[int, ...]
+    """Shape without the batch dimension (-1 = variable)."""
+    optional: bool = True
+    """Whether a request may leave it out."""
+
+
+def _opt(name: str, dtype: str, dims: tuple[int, ...] = (1,)) -> TensorSpec:
+    return TensorSpec(name, dtype, dims, optional=True)
+
+
+INPUTS: tuple[TensorSpec, ...] = (
+    TensorSpec("text_input", "TYPE_STRING", (1,), optional=False),
+    TensorSpec("max_tokens", "TYPE_INT32", (1,), optional=False),
+    _opt("bad_words", "TYPE_STRING", (-1,)),
+    _opt("stop_words", "TYPE_STRING", (-1,)),
+    _opt("exclude_input_in_output", "TYPE_BOOL"),
+    _opt("end_id", "TYPE_INT32"),
+    _opt("pad_id", "TYPE_INT32"),
+    _opt("top_k", "TYPE_INT32"),
+    _opt("top_p", "TYPE_FP32"),
+    _opt("temperature", "TYPE_FP32"),
+    _opt("seed", "TYPE_UINT64"),
+    _opt("repetition_penalty", "TYPE_FP32"),
+    _opt("presence_penalty", "TYPE_FP32"),
+    _opt("frequency_penalty", "TYPE_FP32"),
+    _opt("min_tokens", "TYPE_INT32"),
+    _opt("beam_width", "TYPE_INT32"),
+    _opt("num_return_sequences", "TYPE_INT32"),
+    _opt("length_penalty", "TYPE_FP32"),
+    _opt("return_log_probs", "TYPE_BOOL"),
+    _opt("return_context_logits", "TYPE_BOOL"),
+    _opt("return_generation_logits", "TYPE_BOOL"),
+    _opt("stream", "TYPE_BOOL"),
+)
+
+OUTPUTS: tuple[TensorSpec, ...] = (
+    TensorSpec("text_output", "TYPE_STRING", (-1,)),
+    TensorSpec("cum_log_probs", "TYPE_FP32", (-1,)),
+    TensorSpec("output_log_probs", "TYPE_FP32", (-1, -1)),
+    TensorSpec("num_input_tokens", "TYPE_INT32", (1,)),
+    TensorSpec("num_output_tokens", "TYPE_INT32", (1,)),
+)

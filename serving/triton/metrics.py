@@ -1,0 +1,97 @@
+"""Engine metrics on Triton's metrics port, through the python backend's custom-metrics API.
+
+Triton 2.51's python backend has COUNTER, GAUGE and HISTOGRAM metric families
+(`pb_utils.MetricFamily`); a histogram metric takes its bucket bounds at creation. Names follow
+Prometheus conventions with a `trtforge_` prefix; every metric carries the model's name and
+version as labels, like Triton's own `nv_*` metrics.
+
+Only the engine loop thread calls `update`/`observe_finished`, so no lock is needed here.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+TTFT_BUCKETS = [0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0]
+TPOT_BUCKETS = [0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5]
+
+# (attribute, metric name, description, kind)
+_FAMILIES = [
+    ("kv_blocks_used", "trtforge_kv_blocks_used", "KV cache blocks held by requests.", "GAUGE"),
+    ("kv_blocks_total", "trtforge_kv_blocks_total", "KV cache blocks in the pool.", "GAUGE"),
+    ("num_running", "trtforge_requests_running", "Requests admitted and holding KV blocks.", "GAUGE"),
+    ("num_waiting", "trtforge_requests_waiting", "Requests queued for admission.", "GAUGE"),
+    ("prompt_tokens_total", "trtforge_prompt_tokens_total", "Prompt tokens computed (prefill).",
+     "COUNTER"),
+    ("generation_tokens_total", "trtforge_generation_tokens_total", "Tokens generated (decode).",
+     "COUNTER"),
+]
+
+
+def time_to_first_token(metrics: Any) -> float | None:
+    """Seconds from arrival to the first generated token, or None if there was none."""
+    first = getattr(metrics, "first_token_time", None)
+    arrival = getattr(metrics, "arrival_time", None)
+    return None if first is None or arrival is None else max(0.0, first - arrival)
+
+
+def time_per_output_token(metrics: Any, num_output_tokens: int) -> float | None:
+    """(finish - first token) / (n - 1), as `vllm bench serve` defines TPOT; None for n < 2."""
+    first = getattr(metrics, "first_token_time", None)
+    finished = getattr(metrics, "finished_time", None)
+    if first is None or finished is None or num_output_tokens < 2:
+        return None
+    return max(0.0, finished - first) / (num_output_tokens - 1)
+
+
+@dataclass
+class _Counters:
+    """Totals already added to the Prometheus counters (the engine reports running totals)."""
+
+    prompt_tokens_total: float = 0
+    generation_tokens_total: float = 0
+
+
+class EngineMetrics:
+    """The engine's gauges, counters and latency histograms, registered with Triton."""
+
+    def __init__(self, pb_utils: Any, labels: dict[str, str]) -> None:
+        self._families = []  # keep the families alive as long as their metrics
+        self._metrics: dict[str, Any] = {}
+        for attr, name, doc, kind in _FAMILIES:
+            family = pb_utils.MetricFamily(name=name, description=doc,
+                                           kind=getattr(pb_utils.MetricFamily, kind))
+            self._families.append(family)
+            self._metrics[attr] = family.Metric(labels=labels)
+        hist = pb_utils.MetricFamily.HISTOGRAM
+        for attr, name, doc, buckets in (
+            ("ttft", "trtforge_time_to_first_token_seconds",
+             "Time from request arrival to its first generated token.", TTFT_BUCKETS),
+            ("tpot", "trtforge_time_per_output_token_seconds",
+             "Mean time between generated tokens of a request, after the first.", TPOT_BUCKETS),
+        ):
+            family = pb_utils.MetricFamily(name=name, description=doc, kind=hist)
+            self._families.append(family)
+            self._metrics[attr] = family.Metric(labels=labels, buckets=buckets)
+        self._sent = _Counters()
+
+    def update(self, stats: Any) -> None:
+        """Copy an EngineStats snapshot into the gauges; add counter growth since last time."""
+        for attr in ("kv_blocks_used", "kv_blocks_total", "num_running", "num_waiting"):
+            self._metrics[attr].set(float(getattr(stats, attr)))
+        for attr in ("prompt_tokens_total", "generation_tokens_total"):
+            total = float(getattr(stats, attr))
+            delta = total - getattr(self._sent, attr)
+            if delta > 0:
+                self._metrics[attr].increment(delta)
+                setattr(self._sent, attr, total)
+
+    def observe_finished(self, request_metrics: Any, num_output_tokens: int) -> None:
+        """Record TTFT and TPOT of a request that just finished."""
+        ttft = time_to_first_token(request_metrics)
+        if ttft is not None:
+            self._metrics["ttft"].observe(ttft)
+        tpot = time_per_output_token(request_metrics, num_output_tokens)
+        if tpot is not None:
+            self._metrics["tpot"].observe(tpot)

@@ -1,0 +1,23 @@
+"""Helpers shared by the e2e tests: this environment's console scripts."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+BIN = Path(sys.executable).parent
+"""Where `trtforge` and `build-engine` of the running environment live."""
+BUILD_FLAGS = ["--dtype", "float32", "--max-batch-size", "32", "--max-num-tokens", "256",
+               "--max-seq-len", "256", "--kv-block-size", "8", "--kv-cache-memory", "8MiB"]
+"""build-engine flags of the e2e engine (TRTFORGE_E2E_ENGINE must be built with the same)."""
+
+
+def run_cli(*args: str, timeout: int = 300) -> None:
+    """Run a console script of this environment; fail the test with its output if it fails."""
+    proc = subprocess.run([str(BIN / args[0]), *args[1:]], capture_output=True, text=True,
+                          timeout=timeout)
+    if proc.returncode != 0:
+        pytest.fail(f"{' '.join(args)} failed ({proc.returncode}):\n{proc.stdout}\n{proc.stderr}")

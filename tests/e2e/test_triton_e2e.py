@@ -1,0 +1,206 @@
+"""A real tritonserver serving a tiny engine: every path returns the in-process engine's text.
+
+The count of tests here is checked in conftest.EXPECTED_TESTS; keep it in step.
+"""
+
+from __future__ import annotations
+
+import re
+import shutil
+import time
+import urllib.error
+import urllib.request
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
+from pathlib import Path
+
+import pytest
+from google.protobuf import text_format
+
+from trtforge.serving.triton import client
+from trtforge.serving.triton.emit import read_config
+from trtforge.serving.triton.launcher import TritonServer
+
+from tests.e2e.helpers import run_cli
+
+pytestmark = pytest.mark.e2e
+
+PROMPTS = ["Hello world", "The quick brown fox", "Stop strings end a request;", "Café au lait"]
+MAX_TOKENS = 12
+MODEL = "ensemble"
+
+
+@dataclass
+class Served:
+    server: TritonServer
+    expected: dict[str, str]
+    """Greedy text of each prompt from LLMEngine.generate, the oracle."""
+    tokenizer: object
+    max_seq_len: int
+
+
+def _emit_bad_copy(repo: Path) -> None:
+    """A second model whose config names an invalid scheduling value (loaded on demand)."""
+    config = read_config(repo / MODEL / "config.pbtxt")
+    config.name = "bad"
+    config.parameters["policy"].string_value = "fastest"
+    (repo / "bad" / "1").mkdir(parents=True)
+    (repo / "bad" / "config.pbtxt").write_text(text_format.MessageToString(config))
+    shutil.copyfile(repo / MODEL / "1" / "model.py", repo / "bad" / "1" / "model.py")
+
+
+@pytest.fixture(scope="session")
+def served(engine_dir, tmp_path_factory):
+    root = tmp_path_factory.mktemp("served")
+    run_cli("trtforge", "emit-repo", str(engine_dir), str(root / "repo"))
+    _emit_bad_copy(root / "repo")
+    server = TritonServer(root / "repo", log_file=root / "tritonserver.log",
+                          extra_args=["--model-control-mode=explicit", f"--load-model={MODEL}"])
+    server.start()
+    try:
+        # Build the oracle while the server loads the same engine.
+        from trtforge.serving.engine import LLMEngine
+        from trtforge.serving.sampling_params import SamplingParams
+
+        engine = LLMEngine.from_engine_dir(engine_dir)
+        outs = engine.generate(PROMPTS, SamplingParams(max_tokens=MAX_TOKENS))
+        expected = {p: o.text for p, o in zip(PROMPTS, outs)}
+        server.wait_ready(timeout_s=300)
+        yield Served(server, expected, engine.tokenizer, engine.scheduler_config.max_seq_len)
+    finally:
+        server.stop()
+
+
+def metrics(served: Served) -> dict[str, float]:
+    """trtforge_* samples of the served model, by metric name (+ `le` for buckets)."""
+    text = urllib.request.urlopen(served.server.metrics_url, timeout=10).read().decode()
+    values = {}
+    for line in text.splitlines():
+        if line.startswith("trtforge_") and f'model="{MODEL}"' in line:
+            name, value = line.rsplit(" ", 1)
+            bucket = re.search(r'le="([^"]+)"', name)
+            values[name.split("{")[0] + (f"@{bucket.group(1)}" if bucket else "")] = float(value)
+    return values
+
+
+def wait_for(predicate, timeout_s: float = 20.0) -> bool:
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        if predicate():
+            return True
+        time.sleep(0.1)
+    return predicate()
+
+
+def test_grpc_stream_matches_in_process_engine(served):
+    for prompt in PROMPTS:
+        pieces = list(client.stream_grpc(served.server.grpc_url, prompt, MAX_TOKENS))
+        assert "".join(pieces) == served.expected[prompt]
+        assert len(pieces) > 1  # streamed, not one final answer
+
+
+def test_http_generate_matches_in_process_engine(served):
+    url = served.server.http_url
+    for prompt in PROMPTS[:2]:
+        answer = client.generate_http(url, prompt, MAX_TOKENS)
+        assert answer["text_output"] == prompt + served.expected[prompt]  # TRT-LLM default
+        answer = client.generate_http(url, prompt, MAX_TOKENS, exclude_input_in_output=True,
+                                      return_log_probs=True)
+        assert answer["text_output"] == served.expected[prompt]
+        assert len(answer["output_log_probs"]) == answer["num_output_tokens"]
+        assert answer["cum_log_probs"] == pytest.approx(sum(answer["output_log_probs"]), abs=1e-3)
+
+
+def test_http_generate_stream_matches_in_process_engine(served):
+    for prompt in PROMPTS[2:]:
+        events = list(client.stream_http(served.server.http_url, prompt, MAX_TOKENS))
+        assert "".join(e.get("text_output", "") for e in events) == served.expected[prompt]
+        assert len(events) > 1
+
+
+def test_32_concurrent_streams_are_all_correct(served):
+    prompts = [PROMPTS[i % len(PROMPTS)] for i in range(32)]
+
+    def run(prompt: str) -> str:
+        return "".join(client.stream_grpc(served.server.grpc_url, prompt, MAX_TOKENS))
+
+    with ThreadPoolExecutor(32) as pool:
+        answers = list(pool.map(run, prompts))
+    assert answers == [served.expected[p] for p in prompts]
+
+
+def test_cancelled_stream_frees_its_kv_blocks(served):
+    before = metrics(served)["trtforge_generation_tokens_total"]
+    max_tokens = served.max_seq_len - 16
+    stream = client.stream_grpc(served.server.grpc_url, "Hello world", max_tokens)
+    next(stream), next(stream)
+    assert metrics(served)["trtforge_kv_blocks_used"] > 0
+    stream.close()  # stop_stream(cancel_requests=True)
+    assert wait_for(lambda: metrics(served)["trtforge_kv_blocks_used"] == 0)
+    assert metrics(served)["trtforge_requests_running"] == 0
+    time.sleep(0.5)  # an un-cancelled request would keep generating
+    generated = metrics(served)["trtforge_generation_tokens_total"] - before
+    assert generated < max_tokens / 2
+
+
+def test_bad_requests_fail_alone_while_good_ones_finish(served):
+    url, http = served.server.grpc_url, served.server.http_url
+    too_long = "hello " * served.max_seq_len
+    bad = [
+        (lambda: "".join(client.stream_grpc(url, too_long, 4)), "prompt"),
+        (lambda: "".join(client.stream_grpc(url, "hi", 0)), "max_tokens=0"),
+        (lambda: "".join(client.stream_grpc(url, "hi", 4, beam_width=2)), "beam_width=2"),
+        # Numbers as stop words: Triton itself refuses them (stop_words is a STRING input).
+        (lambda: client.generate_http(http, "hi", 4, stop_words=[1, 2]), "non-string"),
+    ]
+    good = [lambda p=p: "".join(client.stream_grpc(url, p, MAX_TOKENS)) for p in PROMPTS]
+    with ThreadPoolExecutor(len(bad) + len(good)) as pool:
+        good_futures = [pool.submit(fn) for fn in good]
+        bad_futures = [(pool.submit(fn), why) for fn, why in bad]
+        for future, why in bad_futures:
+            with pytest.raises(RuntimeError, match=why):
+                future.result()
+        assert [f.result() for f in good_futures] == [served.expected[p] for p in PROMPTS]
+
+
+def test_invalid_parameter_fails_model_load_naming_it(served):
+    request = urllib.request.Request(
+        f"http://{served.server.http_url}/v2/repository/models/bad/load", data=b"{}",
+        method="POST")
+    with pytest.raises(urllib.error.HTTPError) as info:
+        urllib.request.urlopen(request, timeout=120)
+    message = info.value.read().decode()
+    assert "policy='fastest' is invalid" in message and "max_utilization" in message
+    # The served model is unaffected.
+    assert "".join(client.stream_grpc(served.server.grpc_url, PROMPTS[0], MAX_TOKENS)) \
+        == served.expected[PROMPTS[0]]
+
+
+def test_metrics_then_clean_stop(served):
+    m = metrics(served)
+    assert m["trtforge_kv_blocks_total"] > 0 and m["trtforge_kv_blocks_used"] == 0
+    assert m["trtforge_prompt_tokens_total"] > 0 and m["trtforge_generation_tokens_total"] > 0
+    assert m["trtforge_requests_waiting"] == 0
+    finished = m["trtforge_time_to_first_token_seconds_count"]
+    assert finished >= 32 and m["trtforge_time_per_output_token_seconds_count"] > 0
+    assert m["trtforge_time_to_first_token_seconds_bucket@+Inf"] == finished
+    pid = served.server.process.pid
+    stubs = _children(pid)
+    assert stubs, "the python backend stub should run as a child of tritonserver"
+    started = time.monotonic()
+    assert served.server.stop() == 0
+    assert time.monotonic() - started < 30
+    assert wait_for(lambda: not any(Path(f"/proc/{p}").exists() for p in stubs), 10)
+
+
+def _children(pid: int) -> list[int]:
+    kids = []
+    for status in Path("/proc").glob("[0-9]*/status"):
+        try:
+            fields = dict(line.split(":\t", 1) for line in status.read_text().splitlines()
+                          if ":\t" in line)
+        except OSError:
+            continue
+        if fields.get("PPid", "").strip() == str(pid):
+            kids.append(int(status.parent.name))
+    return kids
