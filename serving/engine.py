@@ -186,9 +186,7 @@ class LLMEngine:
 
     def _execute(self, sched: SchedulerOutput) -> tuple[dict[int, int], dict[int, Any]]:
         inputs = prepare_inputs(sched, self.scheduler_config.block_size, self.executor.device)
-        if not inputs.sample_seq_ids:
-            return {}, {}
-        logits = self.executor.execute(inputs)
+        logits = self.executor.execute(inputs)  # always: a non-sampling prefill chunk still writes KV
         if not inputs.sample_seq_ids:
             return {}, {}
         states = [self._by_seq[i].sampling for i in inputs.sample_seq_ids]
