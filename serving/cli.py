@@ -79,11 +79,12 @@ def _read_prompts(prompts: tuple[str, ...], prompts_file: str | None) -> list[di
 @click.option("--bad-word", "bad_words", multiple=True, help="Word never to generate (repeatable).")
 @click.option("--json", "as_json", is_flag=True, help="One JSON object per prompt, in input order.")
 @click.option("--device", default="cpu", show_default=True)
+@click.option("--cuda-graphs", is_flag=True, help="Replay decode steps from CUDA graphs (--device cuda).")
 @click.option("--kv-cache-memory", default=None, help="Override the engine's KV budget, e.g. 1GiB.")
 @click.option("--schedule", multiple=True, metavar="KEY=VALUE", help="Override a scheduler parameter.")
 @dataclass_options(SamplingParams, exclude=_LIST_FIELDS + ("skip_special_tokens", "include_stop_str_in_output"))
 def generate(engine_dir: str, prompts: tuple[str, ...], prompts_file: str | None, stop: tuple[str, ...],
-             bad_words: tuple[str, ...], as_json: bool, device: str, kv_cache_memory: str | None,
+             bad_words: tuple[str, ...], as_json: bool, device: str, cuda_graphs: bool, kv_cache_memory: str | None,
              schedule: tuple[str, ...], **sampling: Any) -> None:
     """Generate completions for all prompts together on the paged KV cache (greedy by default)."""
     from .engine import LLMEngine
@@ -92,7 +93,7 @@ def generate(engine_dir: str, prompts: tuple[str, ...], prompts_file: str | None
     try:
         base = SamplingParams(**pick(SamplingParams, sampling), stop=list(stop), bad_words=list(bad_words))
         engine = LLMEngine.from_engine_dir(engine_dir, device=device, kv_cache_memory=kv_cache_memory,
-                                           **_parse_schedule(schedule))
+                                           cuda_graphs=cuda_graphs, **_parse_schedule(schedule))
         params = [dataclasses.replace(base, max_tokens=int(it.get("max_tokens", base.max_tokens))) for it in items]
         outs = engine.generate([it.get("prompt", it.get("input_ids")) for it in items], params)
     except (BuildError, ValueError) as exc:

@@ -26,6 +26,7 @@ from trtforge.builder.loader import load_tokenizer
 from trtforge.builder.report import kv_bytes_per_token
 
 from .config import SchedulerConfig
+from .cuda_graphs import DEFAULT_BATCH_SIZES
 from .detokenizer import IncrementalDetokenizer
 from .executor import Executor, make_executor
 from .model_inputs import prepare_inputs
@@ -97,12 +98,15 @@ class LLMEngine:
     @classmethod
     def from_engine_dir(cls, path: str | Path, device: str | torch.device = "cpu",
                         kv_cache_memory: str | int | None = None, verify_checksums: bool = True,
-                        **scheduler_overrides: Any) -> "LLMEngine":
-        """Load an engine directory; scheduler parameters default to engine.json's and can be overridden."""
+                        cuda_graphs: bool = False, **scheduler_overrides: Any) -> "LLMEngine":
+        """Load an engine directory; scheduler parameters default to engine.json's and can be overridden.
+        cuda_graphs: replay decode steps from CUDA graphs captured for batch sizes 1, 2, 4, … up to
+        max_batch_size (device cuda only)."""
         cfg = read_engine_config(path, verify_checksums=verify_checksums)
         blocks = num_kv_blocks(cfg, kv_cache_memory)
         sched = scheduler_config_for(cfg, blocks, scheduler_overrides)
-        executor = make_executor(str(path), cfg, blocks, device)
+        sizes = tuple(b for b in DEFAULT_BATCH_SIZES if b < sched.max_batch_size) + (sched.max_batch_size,)
+        executor = make_executor(str(path), cfg, blocks, device, sizes if cuda_graphs else ())
         return cls(cfg, executor, load_tokenizer(path), sched)
 
     # ---- requests ---------------------------------------------------------------------------

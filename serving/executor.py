@@ -27,25 +27,39 @@ class NetworkExecutor:
     """Runs a network — trtforge's torch CausalLM (builder/network.py) or a TensorRT plan with the same
     call signature (trt_executor.TensorRTNetwork) — over per-layer paged KV pools it owns."""
 
-    def __init__(self, network: Any, cfg: EngineConfig, num_blocks: int, device: str | torch.device = "cpu"):
+    def __init__(self, network: Any, cfg: EngineConfig, num_blocks: int, device: str | torch.device = "cpu",
+                 cuda_graph_batch_sizes: tuple[int, ...] = ()):
         self.device = torch.device(device)
         self.network = network
         m = cfg.model
-        shape = (2, num_blocks, cfg.block_size, m.num_kv_heads, m.head_dim)
+        graphs = bool(cuda_graph_batch_sizes)
+        if graphs and self.device.type != "cuda":
+            raise ValueError(f"CUDA graphs need --device cuda (got {self.device}).")
         # One pool per layer, [2 (K,V), blocks, block_size, Hkv, D]: see plugins/paged_attention/metadata.py.
+        # With CUDA graphs one more block exists, never handed out: the padding rows' scratch.
+        shape = (2, num_blocks + graphs, cfg.block_size, m.num_kv_heads, m.head_dim)
         self.kv_caches = [torch.zeros(shape, dtype=torch_dtype(cfg), device=self.device)
                           for _ in range(m.num_layers)]
+        self.graphs = None
+        if graphs:
+            from .cuda_graphs import CudaGraphRunner
+
+            self.graphs = CudaGraphRunner(network, self.kv_caches, cuda_graph_batch_sizes,
+                                          -(-cfg.max_seq_len // cfg.block_size), num_blocks, cfg.block_size)
 
     @torch.inference_mode()
     def execute(self, inputs: ModelInputs) -> torch.Tensor:
+        if self.graphs is not None and self.graphs.can_run(inputs):
+            return self.graphs.run(inputs)
         return self.network(inputs.input_ids, inputs.positions, self.kv_caches, inputs.meta,
                             inputs.logits_indices)
 
 
-def make_executor(engine_dir: str, cfg: EngineConfig, num_blocks: int, device: str | torch.device) -> Executor:
+def make_executor(engine_dir: str, cfg: EngineConfig, num_blocks: int, device: str | torch.device,
+                  cuda_graph_batch_sizes: tuple[int, ...] = ()) -> Executor:
     """The executor engine.json's backend asks for (TensorRT explains what is missing when it can't load)."""
     if cfg.backend == "tensorrt":
         from .trt_executor import TensorRTNetwork
 
         return NetworkExecutor(TensorRTNetwork.from_engine_dir(engine_dir), cfg, num_blocks, "cuda")
-    return NetworkExecutor(load_network(engine_dir, cfg, device), cfg, num_blocks, device)
+    return NetworkExecutor(load_network(engine_dir, cfg, device), cfg, num_blocks, device, cuda_graph_batch_sizes)
