@@ -41,7 +41,9 @@ def _scratch(slot: int, numel: int, like: torch.Tensor) -> torch.Tensor:
     buffers = getattr(_workspace, "buffers", None)
     if buffers is None:
         buffers = _workspace.buffers = {}
-    key = (slot, like.dtype, like.device)
+    # Buffers made under inference_mode are inference tensors, which may not be written outside
+    # it (and vice versa for autograd-tracked use): keep one set per mode.
+    key = (slot, like.dtype, like.device, torch.is_inference_mode_enabled())
     buf = buffers.get(key)
     if buf is None or buf.numel() < numel:
         buf = buffers[key] = torch.empty(numel, dtype=like.dtype, device=like.device)

@@ -231,3 +231,18 @@ def test_torch_export_with_dynamic_batch():
     expected = reference.paged_attention(*other.clone().op_args()[:-1], 0.25)
     got = program.module()(*other.op_args()[:-1])
     torch.testing.assert_close(got, expected, **FP32_TOL)
+
+
+def test_cpu_path_works_inside_then_outside_inference_mode():
+    """Scratch buffers first allocated under inference_mode must not break a later plain call."""
+    from trtforge.plugins.paged_attention import cpu
+    from trtforge.plugins.paged_attention.testing import make_case
+
+    case = make_case([(20, 1), (5, 1)], block_size=16, num_heads=4, num_kv_heads=2, head_dim=16,
+                     dtype=torch.float32, device="cpu")
+    cpu.clear_workspace()
+    with torch.inference_mode():
+        inside = cpu.paged_attention(*case.clone().op_args())
+    with torch.no_grad():
+        outside = cpu.paged_attention(*case.clone().op_args())
+    torch.testing.assert_close(inside, outside)
