@@ -7,13 +7,11 @@ and `num_blocks` describe the engine and the KV memory; the engine fills them in
 
 from __future__ import annotations
 
-import ast
 import dataclasses
-import inspect
-import textwrap
 from dataclasses import dataclass
-from functools import lru_cache
 from typing import Any, ClassVar
+
+from trtforge.builder.config_docs import field_docs
 
 
 class ConfigError(ValueError):
@@ -63,7 +61,7 @@ class SchedulerConfig:
     @classmethod
     def field_docs(cls) -> dict[str, str]:
         """{field name: its docstring}, for --help texts and Triton config descriptions."""
-        return dict(_field_docs(cls))
+        return dict(field_docs(cls))
 
     def with_overrides(self, **overrides: Any) -> SchedulerConfig:
         """A validated copy with some fields replaced; string values (Triton parameters, env vars)
@@ -170,17 +168,3 @@ def _coerce(name: str, text: str, kind: str) -> Any:
     except ValueError:
         pass
     raise ConfigError(f"{name}={text!r} is invalid: expected {kind}")
-
-
-@lru_cache(maxsize=None)
-def _field_docs(cls: type) -> dict[str, str]:
-    # The docstring of a field is the string literal right after its annotated assignment.
-    tree = ast.parse(textwrap.dedent(inspect.getsource(cls)))
-    body = tree.body[0].body  # type: ignore[attr-defined]
-    docs = {}
-    for node, nxt in zip(body, body[1:]):
-        if (isinstance(node, ast.AnnAssign) and isinstance(node.target, ast.Name)
-                and isinstance(nxt, ast.Expr) and isinstance(nxt.value, ast.Constant)
-                and isinstance(nxt.value.value, str)):
-            docs[node.target.id] = " ".join(nxt.value.value.split())
-    return docs
