@@ -118,7 +118,7 @@ def _check_versions(cfg: EngineConfig, rebuild: str) -> None:
         try:
             import tensorrt
 
-            here = tensorrt.__version__
+            here = getattr(tensorrt, "__version__", None)
         except ImportError:
             here = None
         if here is not None and built != here:

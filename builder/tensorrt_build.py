@@ -41,6 +41,9 @@ def require_tensorrt() -> Any:
     except ImportError:
         raise BuildError(f"--backend tensorrt needs TensorRT >= {'.'.join(map(str, MIN_TENSORRT))}, which is "
                          f"not installed: {INSTALL_HINT}.") from None
+    if not hasattr(trt, "__version__"):  # e.g. a stray directory named tensorrt on sys.path
+        raise BuildError(f"--backend tensorrt: the `tensorrt` found at {list(getattr(trt, '__path__', []))} is not "
+                         f"NVIDIA TensorRT: {INSTALL_HINT}.")
     version = tuple(int(x) for x in trt.__version__.split(".")[:2])
     if version < MIN_TENSORRT:
         raise BuildError(f"TensorRT {trt.__version__} is too old for the PagedAttention plugin (Python "

@@ -39,6 +39,8 @@ def _require_runtime() -> Any:
     except ImportError:
         raise TensorRTUnavailable(f"this engine was built with --backend tensorrt and needs TensorRT to run, "
                                   f"which is not installed: {INSTALL_HINT}.") from None
+    if not hasattr(trt, "__version__"):  # e.g. a stray directory named tensorrt on sys.path
+        raise TensorRTUnavailable(f"the `tensorrt` module found is not NVIDIA TensorRT: {INSTALL_HINT}.")
     if not torch.cuda.is_available():
         raise TensorRTUnavailable(f"this engine was built with --backend tensorrt and runs on an NVIDIA GPU, but "
                                   f"torch sees no CUDA device (torch {torch.__version__}): {INSTALL_HINT}.")
