@@ -239,7 +239,15 @@ class LLMEngine:
         """Run prompts together to completion; final outputs in input order."""
         prompts = list(prompts)
         plist = params if isinstance(params, list) else [params] * len(prompts)
-        rids = [self.add_request(p, sp) for p, sp in zip(prompts, plist)]
+        rids: list[str] = []
+        try:
+            for p, sp in zip(prompts, plist):
+                rids.append(self.add_request(p, sp))
+        except ValueError:  # one bad prompt: withdraw the ones already queued, then report it
+            for rid in rids:
+                self.abort(rid)
+            self._pending.clear()
+            raise
         final: dict[str, RequestOutput] = {}
         while len(final) < len(rids):
             for out in self.step():
