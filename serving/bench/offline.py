@@ -1,0 +1,262 @@
+"""`trtforge bench offline`: throughput of in-flight batching against Hugging Face `generate`,
+plus the per-request latency and KV-memory experiments, all measured in ONE run on one machine.
+
+    workload (random ids, fixed output lengths, EOS ignored)
+      ├─ (a) HF generate, one request at a time        ┐ on the first `baseline_requests`
+      ├─ (b) HF generate, static padded batches         ┘ requests (same distribution)
+      ├─ (c) trtforge LLMEngine, all requests at once   — on all requests, and on the baseline subset
+      ├─ seed experiment: TTFT vs per-token decode time for prompt lengths 10..2000 (alone)
+      ├─ KV waste (allocated-but-unused slots) and concurrency vs a max_seq_len reservation
+      └─ batch-1 decode step vs the memory-bandwidth bound (copy bandwidth measured here)
+
+A benchmark is a script with a report, not a timed test (STYLE §12).
+"""
+
+from __future__ import annotations
+
+import gc
+import os
+import platform
+import statistics
+from dataclasses import asdict, dataclass
+from typing import Any
+
+import torch
+
+from trtforge.builder.report import kv_bytes_per_token
+from trtforge.serving.engine import LLMEngine
+from trtforge.serving.sampling_params import SamplingParams
+
+from . import baselines
+from .workload import BenchRequest, Stopwatch, SystemResult, make_workload
+
+
+@dataclass
+class OfflineBenchConfig:
+    """Options of `trtforge bench offline` (the CLI reads defaults and help from here)."""
+
+    num_requests: int = 64
+    """Requests in the workload, all submitted at once to trtforge."""
+    baseline_requests: int | None = None
+    """Run the HF baselines on only the first N requests (same distribution; HF one at a time on
+    64 requests takes hours on 2 cores). None: all. Throughput is compared per output token."""
+    prompt_len_min: int = 32
+    """Shortest prompt (tokens); prompt lengths are uniform in [min, max]."""
+    prompt_len_max: int = 512
+    """Longest prompt (tokens)."""
+    output_len_min: int = 32
+    """Fewest tokens to generate; output lengths are uniform in [min, max], EOS ignored."""
+    output_len_max: int = 256
+    """Most tokens to generate."""
+    static_batch_size: int = 8
+    """Batch size of the HF static-batching baseline (b)."""
+    threads: int = 2
+    """torch.set_num_threads for every system (the same for all)."""
+    kv_cache_memory: str = "384MiB"
+    """trtforge's KV budget: small enough that it, not the request count, limits concurrency."""
+    seed_prompt_lens: str = "10,50,100,200,500,1000,2000"
+    """Prompt lengths of the TTFT-vs-decode experiment (comma-separated)."""
+    seed_output_len: int = 100
+    """Tokens generated per prompt in the TTFT-vs-decode experiment."""
+    skip_hf: bool = False
+    """Skip the HF baselines (a) and (b) (quick runs of trtforge alone)."""
+    seed: int = 0
+    """Seed of the random workload."""
+
+    def prompt_lens(self) -> list[int]:
+        try:
+            return [int(x) for x in self.seed_prompt_lens.split(",") if x.strip()]
+        except ValueError:
+            raise ValueError(f"seed_prompt_lens={self.seed_prompt_lens!r} is invalid: write "
+                             "comma-separated integers, e.g. 10,50,100") from None
+
+
+# ---- machine ---------------------------------------------------------------------------------
+def copy_bandwidth(num_bytes: int = 1 << 30, reps: int = 5) -> dict[str, float]:
+    """Large torch tensor copy: bytes read + written per second (STREAM's 'copy' counting)."""
+    src = torch.ones(num_bytes // 4, dtype=torch.float32)
+    dst = torch.empty_like(src)
+    dst.copy_(src)  # touch the pages first: page faults are not bandwidth
+    rates = []
+    for _ in range(reps):
+        with Stopwatch() as sw:
+            dst.copy_(src)
+        rates.append(2 * num_bytes / sw.elapsed)
+    del src, dst
+    return {"median_bytes_per_s": statistics.median(rates), "best_bytes_per_s": max(rates)}
+
+
+def machine_info() -> dict[str, Any]:
+    model = platform.processor()
+    try:
+        with open("/proc/cpuinfo") as f:
+            model = next((ln.split(":", 1)[1].strip() for ln in f if ln.startswith("model name")), model)
+    except OSError:
+        pass
+    return {"cpu": model, "cpus": os.cpu_count(), "torch": torch.__version__,
+            "threads": torch.get_num_threads(), "loadavg_1m": os.getloadavg()[0]}
+
+
+# ---- trtforge ------------------------------------------------------------------------------
+def weight_bytes_per_decode_step(engine: LLMEngine) -> int:
+    """Bytes of weights one decode step must read: every parameter once (a tied LM head shares
+    the embedding's storage), except embedding tables that are only gathered row by row."""
+    net = engine.executor.network
+    seen, total = set(), 0
+    for p in net.parameters():
+        if p.data_ptr() not in seen:
+            seen.add(p.data_ptr())
+            total += p.numel() * p.element_size()
+    gathered = [] if engine.engine_config.model.tie_word_embeddings else [net.embed_tokens.weight]
+    gathered += [net.pos_embed.weight] if hasattr(net, "pos_embed") else []
+    return total - sum(w.numel() * w.element_size() for w in gathered)
+
+
+def _kv_slots_in_use(engine: LLMEngine) -> int:
+    # Tokens whose K/V are stored, over the sequences holding blocks. The KV manager keeps no
+    # public list of holders; reading it here keeps the engine's API unchanged (see report).
+    return sum(seq.num_computed_tokens for seq in engine.scheduler.kv_manager._holders.values())
+
+
+def run_inflight(engine: LLMEngine, requests: list[BenchRequest], name: str) -> SystemResult:
+    """All requests submitted at once; KV use sampled after every step."""
+    block = engine.scheduler_config.block_size
+    rids = [engine.add_request(r.prompt_token_ids, SamplingParams(max_tokens=r.output_len, ignore_eos=True))
+            for r in requests]
+    waste, running_while_waiting, peak_running, steps, finals = [], [], 0, 0, {}
+    preempt0 = engine.stats().num_preemptions
+    with Stopwatch() as sw:
+        while engine.has_unfinished():
+            for out in engine.step():
+                if out.finished:
+                    finals[out.request_id] = out
+            steps += 1
+            st = engine.stats()
+            allocated = st.kv_blocks_used * block
+            if allocated:
+                waste.append(1 - _kv_slots_in_use(engine) / allocated)
+            peak_running = max(peak_running, st.num_running)
+            if st.num_waiting:
+                running_while_waiting.append(st.num_running)
+    outs = [finals[r] for r in rids]
+    generated = sum(len(o.output_token_ids) for o in outs)
+    useful = sum(r.output_len for r in requests)
+    if generated != useful or any(o.finish_reason != "length" for o in outs):
+        raise RuntimeError(f"trtforge generated {generated} tokens, expected {useful}")
+    sc = engine.scheduler_config
+    extra = {"steps": steps, "preemptions": engine.stats().num_preemptions - preempt0,
+             "kv_waste_mean": statistics.fmean(waste) if waste else 0.0,
+             "peak_running": peak_running,
+             "mean_running_while_waiting": statistics.fmean(running_while_waiting) if running_while_waiting else None,
+             "kv_blocks": sc.num_blocks, "block_size": block, "max_seq_len": sc.max_seq_len,
+             "ttft_p50_s": statistics.median(o.metrics.ttft for o in outs),
+             "tpot_p50_s": statistics.median(o.metrics.tpot for o in outs if o.metrics.tpot is not None)}
+    return SystemResult(name, len(requests), sw.elapsed, useful, generated,
+                        sum(r.prompt_len for r in requests), extra)
+
+
+def kv_capacity(result: SystemResult, workload_max_len: int) -> dict[str, Any]:
+    """Concurrent sequences the KV budget held vs reserving max_seq_len (or the workload's
+    longest prompt + output) per sequence, as a static-batching system must."""
+    e = result.extra
+    slots = e["kv_blocks"] * e["block_size"]
+    measured = e["mean_running_while_waiting"] or e["peak_running"]
+    static = max(slots // e["max_seq_len"], 1)
+    static_workload = max(slots // workload_max_len, 1)
+    return {"kv_slots": slots, "paged_concurrent_mean_while_waiting": e["mean_running_while_waiting"],
+            "paged_concurrent_peak": e["peak_running"], "kv_was_binding": e["mean_running_while_waiting"] is not None,
+            "static_max_seq_len": static, "ratio_vs_max_seq_len": measured / static,
+            "static_workload_max": static_workload, "ratio_vs_workload_max": measured / static_workload}
+
+
+def seed_experiment(engine: LLMEngine, prompt_lens: list[int], output_len: int, vocab: int,
+                    weight_bytes: int, bandwidth: float) -> list[dict[str, Any]]:
+    """Each prompt alone: TTFT (prefill) vs mean decode step, and the decode step's bound =
+    (weights + mean KV read per step) / copy bandwidth."""
+    kv_per_token = kv_bytes_per_token(engine.engine_config.model, engine.engine_config.dtype)
+    rows = []
+    for n in prompt_lens:
+        (req,) = make_workload(1, (n, n), (output_len, output_len), vocab, seed=n)
+        (out,) = engine.generate([req.prompt_token_ids], SamplingParams(max_tokens=output_len, ignore_eos=True))
+        m = out.metrics
+        mean_context = n + output_len / 2
+        bound = (weight_bytes + mean_context * kv_per_token) / bandwidth
+        rows.append({"prompt_len": n, "output_len": output_len, "ttft_s": m.ttft,
+                     "prefill_tokens_per_s": n / m.ttft, "decode_s_per_token": m.tpot,
+                     "decode_bound_s": bound, "decode_vs_bound": m.tpot / bound})
+    return rows
+
+
+# ---- the whole run -------------------------------------------------------------------------
+def run_offline(checkpoint: str, engine_dir: str, cfg: OfflineBenchConfig, log: Any = print) -> dict[str, Any]:
+    torch.set_num_threads(cfg.threads)
+    engine = LLMEngine.from_engine_dir(engine_dir, kv_cache_memory=cfg.kv_cache_memory)
+    model_cfg = engine.engine_config.model
+    workload = make_workload(cfg.num_requests, (cfg.prompt_len_min, cfg.prompt_len_max),
+                             (cfg.output_len_min, cfg.output_len_max), model_cfg.vocab_size, cfg.seed)
+    subset = workload[:cfg.baseline_requests or len(workload)]
+    report: dict[str, Any] = {"config": asdict(cfg), "machine": machine_info(),
+                              "model": {"architecture": model_cfg.architecture, "layers": model_cfg.num_layers,
+                                        "hidden": model_cfg.hidden_size, "dtype": engine.engine_config.dtype}}
+    log(f"machine: {report['machine']}")
+    report["copy_bandwidth"] = copy_bandwidth()
+    log(f"copy bandwidth: {report['copy_bandwidth']['median_bytes_per_s'] / 1e9:.1f} GB/s (read+write)")
+    systems: list[SystemResult] = []
+    if not cfg.skip_hf:
+        del engine  # one model in memory at a time
+        gc.collect()
+        systems += _run_hf(checkpoint, subset, cfg, model_cfg.pad_token_id, log)
+        engine = LLMEngine.from_engine_dir(engine_dir, kv_cache_memory=cfg.kv_cache_memory)
+    engine.generate([list(range(10, 42))], SamplingParams(max_tokens=4))  # warm-up, untimed
+    for name, reqs in (("trtforge_inflight", workload), ("trtforge_inflight_baseline_subset", subset)):
+        if name.endswith("subset") and len(subset) == len(workload):
+            continue
+        systems.append(run_inflight(engine, reqs, name))
+        log(_one_line(systems[-1]))
+    report["systems"] = [s.to_dict() for s in systems]
+    report["ratios"] = _ratios(systems)
+    ours = _get(systems, "trtforge_inflight")
+    report["kv"] = {"waste_mean": ours.extra["kv_waste_mean"],
+                    **kv_capacity(ours, cfg.prompt_len_max + cfg.output_len_max)}
+    weights = weight_bytes_per_decode_step(engine)
+    report["decode_weight_bytes"] = weights
+    report["seed_experiment"] = seed_experiment(engine, cfg.prompt_lens(), cfg.seed_output_len,
+                                                model_cfg.vocab_size, weights,
+                                                report["copy_bandwidth"]["median_bytes_per_s"])
+    report["machine"]["loadavg_1m_end"] = os.getloadavg()[0]
+    return report
+
+
+def _run_hf(checkpoint: str, subset: list[BenchRequest], cfg: OfflineBenchConfig, pad_id: int | None,
+            log: Any) -> list[SystemResult]:
+    pad = pad_id if pad_id is not None else 0
+    model = baselines.load_hf_model(checkpoint)
+    baselines.warm_up(model, pad)
+    out = [baselines.hf_one_at_a_time(model, subset, pad)]
+    log(_one_line(out[-1]))
+    out.append(baselines.hf_static_batches(model, subset, cfg.static_batch_size, pad))
+    log(_one_line(out[-1]))
+    del model
+    gc.collect()
+    return out
+
+
+def _get(systems: list[SystemResult], name: str) -> SystemResult:
+    return next(s for s in systems if s.name == name)
+
+
+def _ratios(systems: list[SystemResult]) -> dict[str, float]:
+    rate = {s.name: s.output_tokens_per_s for s in systems}
+    ours = rate.get("trtforge_inflight")
+    out = {}
+    for base in ("hf_one_at_a_time", "hf_static_batch"):
+        if base in rate and ours:
+            out[f"inflight_vs_{base}"] = ours / rate[base]
+            sub = rate.get("trtforge_inflight_baseline_subset", ours)
+            out[f"inflight_subset_vs_{base}"] = sub / rate[base]
+    return out
+
+
+def _one_line(s: SystemResult) -> str:
+    return (f"{s.name}: {s.num_requests} requests, {s.useful_output_tokens} output tokens in "
+            f"{s.elapsed_s:.1f} s = {s.output_tokens_per_s:.1f} tok/s")

@@ -1,0 +1,191 @@
+"""The engine API on a tiny real engine: abort, finish reasons, stop strings, streaming, timestamps,
+bad requests and logprobs (checked against Hugging Face transformers on the same checkpoint)."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from tests.helpers.checkpoints import make_checkpoint
+from trtforge.builder.build import build_engine
+from trtforge.builder.build_config import BuildConfig
+from trtforge.serving.engine import LLMEngine
+from trtforge.serving.outputs import RequestOutput
+from trtforge.serving.sampling_params import SamplingParams
+
+MAX_SEQ_LEN = 64
+PROMPT = "The quick brown fox jumps over the lazy dog."
+
+
+@pytest.fixture(scope="module", autouse=True)
+def one_thread():
+    """Tiny shapes gain nothing from intra-op threads, which only spin-wait on a busy machine."""
+    before = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(before)
+
+
+@pytest.fixture(scope="module")
+def dirs(tmp_path_factory):
+    tmp = tmp_path_factory.mktemp("engine-api")
+    ckpt = make_checkpoint(tmp / "ckpt", arch="qwen2")
+    out, _ = build_engine(str(ckpt), tmp / "engine",
+                          BuildConfig(dtype="float32", max_batch_size=8, max_num_tokens=64,
+                                      max_seq_len=MAX_SEQ_LEN, kv_block_size=4, kv_cache_memory="256KiB"),
+                          progress=False)
+    return ckpt, out
+
+
+@pytest.fixture
+def engine(dirs) -> LLMEngine:
+    return LLMEngine.from_engine_dir(dirs[1])
+
+
+def greedy(max_tokens: int, **kw) -> SamplingParams:
+    return SamplingParams(max_tokens=max_tokens, ignore_eos=True, **kw)
+
+
+def run_all(engine: LLMEngine) -> dict[str, list[RequestOutput]]:
+    """Step until idle; every output of every request, in order."""
+    outs: dict[str, list[RequestOutput]] = {}
+    while engine.has_unfinished():
+        for out in engine.step():
+            outs.setdefault(out.request_id, []).append(out)
+    return outs
+
+
+def test_abort_frees_blocks_and_reports_abort(engine):
+    keep = engine.add_request(PROMPT, greedy(20))
+    running = engine.add_request("Hello, world!", greedy(40))
+    for _ in range(3):
+        engine.step()
+    assert engine.stats().kv_blocks_used > 0
+    assert engine.abort(running) is True
+    assert engine.abort(running) is False, "aborting twice must say there is nothing to abort"
+    assert engine.abort("no-such-request") is False
+    outs = run_all(engine)
+    final = outs[running][-1]
+    assert final.finished and final.finish_reason == "abort" and final.new_token_ids == []
+    assert len(final.output_token_ids) >= 1, "the aborted request had generated tokens before"
+    assert outs[keep][-1].finish_reason == "length"
+    assert len(outs[keep][-1].output_token_ids) == 20
+    assert engine.stats().kv_blocks_used == 0
+
+
+def test_abort_of_waiting_and_running_requests_leaves_no_blocks(dirs):
+    engine = LLMEngine.from_engine_dir(dirs[1], max_batch_size=1)
+    first = engine.add_request(PROMPT, greedy(30))
+    waiting = engine.add_request("Hello again", greedy(30))
+    engine.step()
+    assert engine.stats().num_waiting == 1 and engine.stats().kv_blocks_used > 0
+    assert engine.abort(waiting) and engine.abort(first)
+    assert engine.stats().kv_blocks_used == 0, "abort must free the KV blocks at once"
+    finals = {o.request_id: o for o in engine.step()}
+    assert {finals[first].finish_reason, finals[waiting].finish_reason} == {"abort"}
+    assert not engine.has_unfinished()
+    engine.scheduler.kv_manager.check_invariants()
+
+
+def test_finish_reasons_stop_token_and_length(engine):
+    (full,) = engine.generate([PROMPT], greedy(12))
+    assert full.finish_reason == "length" and len(full.output_token_ids) == 12
+    stop_token = full.output_token_ids[5]
+    first = full.output_token_ids.index(stop_token)
+    (stopped,) = engine.generate([PROMPT], greedy(12, stop_token_ids=[stop_token]))
+    assert stopped.finish_reason == "stop" and stopped.stop_reason == stop_token
+    assert stopped.output_token_ids == full.output_token_ids[:first + 1]
+
+
+def _stop_string_of(text: str) -> str:
+    """A 2-character piece of the text, not at its start (a stop string known to occur)."""
+    for i in range(max(len(text) // 3, 1), len(text) - 1):
+        piece = text[i:i + 2]
+        if piece.isprintable() and "\ufffd" not in piece and piece.strip() == piece:
+            return piece
+    pytest.fail(f"no clean 2-character piece in the generated text {text!r} to use as a stop string")
+
+
+def test_stop_string_is_cut_and_not_returned(engine):
+    (full,) = engine.generate([PROMPT], greedy(24))
+    stop = _stop_string_of(full.text)
+    deltas = list(engine.stream(PROMPT, greedy(24, stop=[stop])))
+    final = deltas[-1]
+    assert final.finish_reason == "stop" and final.stop_reason == stop
+    assert final.text == full.text[:full.text.index(stop)]
+    assert stop not in "".join(d.text_delta for d in deltas)
+
+
+def test_streaming_deltas_concatenate_to_final_text(engine):
+    outs = list(engine.stream(PROMPT, greedy(24)))
+    final = outs[-1]
+    assert [o.finished for o in outs] == [False] * (len(outs) - 1) + [True]
+    assert "".join(o.text_delta for o in outs) == final.text
+    assert [t for o in outs for t in o.new_token_ids] == final.output_token_ids
+    assert final.text == engine.tokenizer.decode(final.output_token_ids, skip_special_tokens=True)
+
+
+def test_timestamps_are_ordered(engine):
+    rids = [engine.add_request(PROMPT, greedy(8)), engine.add_request("Hello, world!", greedy(5))]
+    finals = {rid: outs[-1] for rid, outs in run_all(engine).items()}
+    for rid in rids:
+        m = finals[rid].metrics
+        assert m.arrival_time <= m.first_scheduled_time <= m.first_token_time
+        assert m.first_token_time == m.token_times[0]
+        assert m.token_times == sorted(m.token_times) and len(m.token_times) == len(finals[rid].output_token_ids)
+        assert m.token_times[-1] <= m.finished_time
+        assert m.ttft > 0 and m.tpot is not None and m.tpot >= 0
+
+
+@pytest.mark.parametrize("prompt, params, words", [
+    (list(range(5, 5 + MAX_SEQ_LEN)), greedy(4), ["too long", str(MAX_SEQ_LEN)]),
+    (PROMPT, SamplingParams(max_tokens=0), ["max_tokens", "0"]),
+    (PROMPT, SamplingParams(temperature=-1.0), ["temperature", "-1.0"]),
+    (PROMPT, SamplingParams(top_p=1.5), ["top_p", "1.5"]),
+    (PROMPT, SamplingParams(stop="###"), ["stop", "###"]),  # a bare string, not a list
+    ([5, 6, 10**6], greedy(4), ["outside the vocabulary", "1000000"]),
+    ("", greedy(4), ["empty"]),
+])
+def test_bad_request_raises_and_engine_keeps_serving(engine, prompt, params, words):
+    (alone,) = engine.generate([PROMPT], greedy(10))
+    other = engine.add_request(PROMPT, greedy(10))
+    engine.step()  # `other` is running when the bad request arrives
+    with pytest.raises(ValueError) as err:
+        engine.add_request(prompt, params)
+    for word in words:
+        assert word in str(err.value), f"{word!r} missing from the message: {err.value}"
+    outs = run_all(engine)
+    assert list(outs) == [other], "the rejected request must leave no trace in the engine"
+    assert outs[other][-1].output_token_ids == alone.output_token_ids
+    assert engine.stats().kv_blocks_used == 0 and engine.stats().num_waiting == 0
+
+
+def test_longest_prompt_gets_one_token_and_duplicate_ids_are_refused(engine):
+    rid = engine.add_request(list(range(5, 4 + MAX_SEQ_LEN)), greedy(16), request_id="long")
+    with pytest.raises(ValueError, match="already in use"):
+        engine.add_request(PROMPT, greedy(4), request_id="long")
+    final = run_all(engine)[rid][-1]
+    assert final.finish_reason == "length" and len(final.output_token_ids) == 1
+
+
+def test_logprobs_match_transformers(dirs, engine):
+    from transformers import AutoModelForCausalLM
+
+    outs = list(engine.stream(PROMPT, greedy(10, logprobs=3)))
+    tokens = outs[-1].output_token_ids
+    logprobs = [lp for o in outs for lp in o.logprobs]
+    tops = [t for o in outs for t in o.top_logprobs]
+    assert len(logprobs) == len(tops) == len(tokens) == 10
+    assert all(len(top) == 3 and top[0][0] == tok and top[0][1] == lp  # greedy: chosen = most likely
+               for top, tok, lp in zip(tops, tokens, logprobs))
+    assert outs[-1].cum_logprob == pytest.approx(sum(logprobs), abs=1e-4)
+
+    prompt_ids = engine.tokenizer.encode(PROMPT, add_special_tokens=False)
+    hf = AutoModelForCausalLM.from_pretrained(str(dirs[0]), dtype=torch.float32).eval()
+    with torch.no_grad():
+        logits = hf(torch.tensor([prompt_ids + tokens])).logits[0, len(prompt_ids) - 1:-1]
+    expected = torch.log_softmax(logits, -1).gather(1, torch.tensor(tokens)[:, None])[:, 0]
+    torch.testing.assert_close(torch.tensor(logprobs), expected, atol=1e-4, rtol=0)
+
+    (plain,) = engine.generate([PROMPT], greedy(3))
+    assert plain.logprobs is None and plain.cum_logprob is None
