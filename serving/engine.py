@@ -236,7 +236,8 @@ class LLMEngine:
     # ---- conveniences -----------------------------------------------------------------------
     def generate(self, prompts: Iterable[str | list[int]],
                  params: SamplingParams | list[SamplingParams] | None = None) -> list[RequestOutput]:
-        """Run prompts together to completion; final outputs in input order."""
+        """Run prompts together to completion; final outputs in input order (with the logprobs of
+        all output tokens when requested)."""
         prompts = list(prompts)
         plist = params if isinstance(params, list) else [params] * len(prompts)
         rids: list[str] = []
@@ -249,9 +250,16 @@ class LLMEngine:
             self._pending.clear()
             raise
         final: dict[str, RequestOutput] = {}
+        lps: dict[str, list[float]] = {r: [] for r in rids}
+        tops: dict[str, list[Any]] = {r: [] for r in rids}
         while len(final) < len(rids):
             for out in self.step():
+                if out.logprobs is not None and out.request_id in lps:
+                    lps[out.request_id] += out.logprobs
+                    tops[out.request_id] += out.top_logprobs or []
                 if out.finished:
+                    if lps.get(out.request_id):  # the final output carries every token's logprobs
+                        out.logprobs, out.top_logprobs = lps[out.request_id], tops[out.request_id]
                     final[out.request_id] = out
         return [final[r] for r in rids]
 

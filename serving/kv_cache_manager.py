@@ -84,6 +84,12 @@ class KVCacheManager:
         return self.num_used_blocks / self.pool.num_blocks
 
     @property
+    def num_stored_tokens(self) -> int:
+        """Tokens whose K/V are in the cache, over the sequences holding blocks (for KV waste:
+        1 - stored / (used blocks × block_size); shared prefix blocks count once per holder)."""
+        return sum(seq.num_computed_tokens for seq in self._holders.values())
+
+    @property
     def prefix_hit_rate(self) -> float:
         return self.num_hit_tokens / self.num_queried_tokens if self.num_queried_tokens else 0.0
 

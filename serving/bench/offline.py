@@ -113,9 +113,7 @@ def weight_bytes_per_decode_step(engine: LLMEngine) -> int:
 
 
 def _kv_slots_in_use(engine: LLMEngine) -> int:
-    # Tokens whose K/V are stored, over the sequences holding blocks. The KV manager keeps no
-    # public list of holders; reading it here keeps the engine's API unchanged (see report).
-    return sum(seq.num_computed_tokens for seq in engine.scheduler.kv_manager._holders.values())
+    return engine.scheduler.kv_manager.num_stored_tokens
 
 
 def run_inflight(engine: LLMEngine, requests: list[BenchRequest], name: str) -> SystemResult:

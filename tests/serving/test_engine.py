@@ -187,5 +187,9 @@ def test_logprobs_match_transformers(dirs, engine):
     expected = torch.log_softmax(logits, -1).gather(1, torch.tensor(tokens)[:, None])[:, 0]
     torch.testing.assert_close(torch.tensor(logprobs), expected, atol=1e-4, rtol=0)
 
+    (blocking,) = engine.generate([PROMPT], greedy(10, logprobs=3))
+    assert blocking.output_token_ids == tokens
+    assert blocking.logprobs == logprobs and blocking.top_logprobs == tops  # every token's, not the last
+
     (plain,) = engine.generate([PROMPT], greedy(3))
     assert plain.logprobs is None and plain.cum_logprob is None
