@@ -1,0 +1,34 @@
+#!/usr/bin/env bash
+# Serving benchmark report (docs/benchmarks.md "## Serving"), in ONE run on this machine:
+#   1. serving overhead: the same requests through Triton (gRPC streaming) vs LLMEngine in-process;
+#   2. prefill/decode interference: 8 short decoding streams while 2,000-token prompts arrive,
+#      chunked prefill on vs off (two tritonservers, one after the other).
+# Builds what it needs (random-weight Qwen2.5-0.5B-shaped checkpoint, float32 engine with
+# max_num_tokens >= max_seq_len so prefill_chunk_size=0 is valid), starts and stops the servers
+# itself (loopback, free ports), writes $OUT/report.json and server logs.
+#
+#   scripts/bench_serve.sh [OUT_DIR]          (default out/bench_serve; ~15-20 min on 2 cores)
+#
+# Extra options of `python -m trtforge.serving.bench.serve_report` can be passed in
+# $BENCH_SERVE_ARGS (e.g. "--long-num 1 --short-output-len 16" to shrink it).
+set -euo pipefail
+cd "$(dirname "$0")/.."
+PY=${PYTHON:-.venv/bin/python}
+BIN=$(dirname "$PY")
+OUT=${1:-out/bench_serve}
+mkdir -p "$OUT"
+export TOKENIZERS_PARALLELISM=false
+
+echo "machine: $(lscpu | sed -n 's/^Model name: *//p'), $(nproc) cores, load average $(cut -d' ' -f1-3 /proc/loadavg)"
+start=$(date +%s)
+if [[ ! -f "$OUT/engine/engine.json" ]]; then
+  "$BIN/trtforge" demo-checkpoint "$OUT/checkpoint" --arch qwen2 --size 0.5b
+  "$BIN/build-engine" "$OUT/checkpoint" --output "$OUT/engine" --force -q --dtype float32 \
+    --max-seq-len 4096 --max-num-tokens 4096 --max-batch-size 16 --kv-block-size 16 \
+    --kv-cache-memory 512MiB
+fi
+echo "engine ready after $(( $(date +%s) - start )) s"
+# shellcheck disable=SC2086 # BENCH_SERVE_ARGS is a list of options on purpose
+"$PY" -m trtforge.serving.bench.serve_report --engine "$OUT/engine" --out "$OUT" ${BENCH_SERVE_ARGS:-} \
+  | tee "$OUT/report.txt"
+echo "total wall time: $(( $(date +%s) - start )) s; load average now $(cut -d' ' -f1-3 /proc/loadavg)"
