@@ -125,6 +125,8 @@ class CausalLM(nn.Module):
         self.final_norm = make_norm(cfg, cfg.hidden_size)
         if not cfg.tie_word_embeddings:
             self.lm_head = nn.Linear(cfg.hidden_size, cfg.vocab_size, bias=False)
+        self.packed_head: nn.Module | None = None
+        """Set by builder/cpu_prepack.py: the LM head as a oneDNN-packed linear."""
 
     def lm_head_weight(self) -> torch.Tensor:
         return self.embed_tokens.weight if self.cfg.tie_word_embeddings else self.lm_head.weight
@@ -143,4 +145,6 @@ class CausalLM(nn.Module):
         for layer, kv_cache in zip(self.layers, kv_caches):
             x = layer(x, rope, kv_cache, meta)
         x = self.final_norm(x[logits_indices])  # [S', H]: only rows whose logits are needed
+        if self.packed_head is not None:
+            return self.packed_head(x).float()  # [S', V]
         return F.linear(x, self.lm_head_weight()).float()  # [S', V]

@@ -11,6 +11,7 @@ from typing import Any, Protocol
 import torch
 
 from trtforge.builder.engine_dir import EngineConfig
+from trtforge.builder.cpu_prepack import onednn_wanted, prepack_linears
 from trtforge.builder.loader import load_network, torch_dtype
 
 from .model_inputs import ModelInputs
@@ -62,4 +63,7 @@ def make_executor(engine_dir: str, cfg: EngineConfig, num_blocks: int, device: s
         from .trt_executor import TensorRTNetwork
 
         return NetworkExecutor(TensorRTNetwork.from_engine_dir(engine_dir), cfg, num_blocks, "cuda")
-    return NetworkExecutor(load_network(engine_dir, cfg, device), cfg, num_blocks, device, cuda_graph_batch_sizes)
+    network = load_network(engine_dir, cfg, device)
+    if onednn_wanted(torch.device(device), torch_dtype(cfg)):
+        prepack_linears(network)
+    return NetworkExecutor(network, cfg, num_blocks, device, cuda_graph_batch_sizes)
