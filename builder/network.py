@@ -17,6 +17,7 @@ from torch import nn
 
 import trtforge.plugins.paged_attention  # noqa: F401  (registers torch.ops.trtforge.paged_attention)
 from trtforge.plugins.paged_attention.metadata import AttentionMetadata
+from trtforge.plugins.paged_attention.op import eager_impl
 
 from .model_config import ModelConfig
 from .rope import apply_rotary, rotary_cos_sin
@@ -73,7 +74,7 @@ class Attention(nn.Module):
             q, k = self.q_norm(q), self.k_norm(k)
         if rope is not None:
             q, k = apply_rotary(q, *rope), apply_rotary(k, *rope)
-        out = torch.ops.trtforge.paged_attention(
+        out = eager_impl(q)(  # torch.ops.trtforge.paged_attention (or its implementation, in eager mode)
             q, k.contiguous(), v.contiguous(), kv_cache, meta.slot_mapping, meta.block_tables,
             meta.seq_lens, meta.query_start_loc, self.scale)  # [T, Hq, D]
         return self.o_proj(out.reshape(t, c.q_size))

@@ -106,6 +106,20 @@ def resolve_impl(device: torch.device) -> Callable[..., torch.Tensor]:
     return cpu.paged_attention
 
 
+def eager_impl(q: torch.Tensor) -> Callable[..., torch.Tensor]:
+    """What a network should call for this layer: in plain eager execution the implementation
+    function itself (the custom-op dispatcher costs ~175 µs a call on CPU, 4 % of a 0.5B decode
+    step); while tracing, exporting, or when `torch.ops.trtforge.paged_attention` has been swapped
+    (builder/onnx_paged_attention.redirect_paged_attention), the op as it stands."""
+    from torch._subclasses.fake_tensor import is_fake
+
+    op = torch.ops.trtforge.paged_attention
+    if (not isinstance(op, torch._ops.OpOverloadPacket) or torch.compiler.is_compiling()
+            or torch.compiler.is_exporting() or is_fake(q) or torch.is_grad_enabled()):
+        return op
+    return resolve_impl(q.device)
+
+
 def check_inputs(q, k, v, kv_cache, slot_mapping, block_tables, seq_lens, query_start_loc):
     """Shape/dtype checks (no data-dependent ones, so they also run on fake tensors)."""
     if kv_cache.dim() != 5 or kv_cache.shape[0] != 2:

@@ -99,17 +99,17 @@ def machine_info() -> dict[str, Any]:
 
 # ---- trtforge ------------------------------------------------------------------------------
 def weight_bytes_per_decode_step(engine: LLMEngine) -> int:
-    """Bytes of weights one decode step must read: every parameter once (a tied LM head shares
-    the embedding's storage), except embedding tables that are only gathered row by row."""
-    net = engine.executor.network
-    seen, total = set(), 0
-    for p in net.parameters():
-        if p.data_ptr() not in seen:
-            seen.add(p.data_ptr())
-            total += p.numel() * p.element_size()
-    gathered = [] if engine.engine_config.model.tie_word_embeddings else [net.embed_tokens.weight]
-    gathered += [net.pos_embed.weight] if hasattr(net, "pos_embed") else []
-    return total - sum(w.numel() * w.element_size() for w in gathered)
+    """Bytes of weights one decode step must read: every converted weight once (engine.json's
+    report; a tied LM head is the embedding, read whole), except embedding tables that are only
+    gathered row by row. Read from the engine, not the module: a CPU engine's linear layers hold
+    oneDNN-packed buffers rather than parameters."""
+    cfg = engine.engine_config
+    total = int(cfg.report["weight_bytes"])
+    per = total // max(int(cfg.report["parameters"]), 1)  # bytes per element of the engine dtype
+    m = cfg.model
+    gathered = 0 if m.tie_word_embeddings else m.vocab_size * m.hidden_size
+    gathered += m.max_position_embeddings * m.hidden_size if m.position == "learned" else 0
+    return total - gathered * per
 
 
 def _kv_slots_in_use(engine: LLMEngine) -> int:
