@@ -17,13 +17,7 @@ MAX_SEQ_LEN = 64
 PROMPT = "The quick brown fox jumps over the lazy dog."
 
 
-@pytest.fixture(scope="module", autouse=True)
-def one_thread():
-    """Tiny shapes gain nothing from intra-op threads, which only spin-wait on a busy machine."""
-    before = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(before)
+pytestmark = pytest.mark.usefixtures("one_thread")  # tests/serving/conftest.py
 
 
 @pytest.fixture(scope="module")

@@ -27,14 +27,7 @@ BLOCK = 4
 TIE_GAP = 1e-4  # logprob gap under which two tokens count as tied (fp32 reduction-order noise)
 
 
-@pytest.fixture(scope="module", autouse=True)
-def one_thread():
-    """Tiny shapes gain nothing from intra-op threads, and on a busy 2-core machine OpenMP's
-    spin-waiting made each tiny matmul ~50x slower; one thread keeps this file fast."""
-    before = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(before)
+pytestmark = pytest.mark.usefixtures("one_thread")  # tests/serving/conftest.py
 
 
 @pytest.fixture(scope="module")
