@@ -23,6 +23,7 @@ from types import ModuleType
 from typing import Callable
 
 import torch
+from torch._subclasses.fake_tensor import is_fake
 
 from . import cpu, reference
 from .metadata import AttentionMetadata
@@ -111,8 +112,6 @@ def eager_impl(q: torch.Tensor) -> Callable[..., torch.Tensor]:
     function itself (the custom-op dispatcher costs ~175 µs a call on CPU, 4 % of a 0.5B decode
     step); while tracing, exporting, or when `torch.ops.trtforge.paged_attention` has been swapped
     (builder/onnx_paged_attention.redirect_paged_attention), the op as it stands."""
-    from torch._subclasses.fake_tensor import is_fake
-
     op = torch.ops.trtforge.paged_attention
     if (not isinstance(op, torch._ops.OpOverloadPacket) or torch.compiler.is_compiling()
             or torch.compiler.is_exporting() or is_fake(q) or torch.is_grad_enabled()):
