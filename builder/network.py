@@ -40,6 +40,10 @@ class RMSNorm(nn.Module):
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         dtype = x.dtype
+        if dtype == torch.float32:
+            # Same math in one fused op (no casts to order): 6 ops fewer per norm, and a CPU
+            # decode step runs ~50 norms of one row, where dispatch costs more than arithmetic.
+            return F.rms_norm(x, self.weight.shape, self.weight, self.eps)
         h = x.float()
         h = h * torch.rsqrt(h.pow(2).mean(-1, keepdim=True) + self.eps)
         return self.weight * h.to(dtype)
@@ -65,15 +69,19 @@ class Attention(nn.Module):
     def forward(self, x: torch.Tensor, rope: tuple[torch.Tensor, torch.Tensor] | None,
                 kv_cache: torch.Tensor, meta: AttentionMetadata) -> torch.Tensor:
         c = self.cfg
-        t = x.shape[0]
-        q, k, v = self.qkv(x).split([c.q_size, c.kv_size, c.kv_size], dim=-1)
-        q = q.view(t, c.num_heads, c.head_dim)  # [T, Hq, D]
-        k = k.view(t, c.num_kv_heads, c.head_dim)  # [T, Hkv, D]
-        v = v.view(t, c.num_kv_heads, c.head_dim)  # [T, Hkv, D]
+        t, hq, hkv = x.shape[0], c.num_heads, c.num_kv_heads
+        qkv = self.qkv(x).view(t, hq + 2 * hkv, c.head_dim)  # heads of q, then k, then v
+        v = qkv[:, hq + hkv:]  # [T, Hkv, D]
         if c.qk_norm:
-            q, k = self.q_norm(q), self.k_norm(k)
-        if rope is not None:
-            q, k = apply_rotary(q, *rope), apply_rotary(k, *rope)
+            q, k = self.q_norm(qkv[:, :hq]), self.k_norm(qkv[:, hq:hq + hkv])
+            if rope is not None:
+                q, k = apply_rotary(q, *rope), apply_rotary(k, *rope)
+        elif rope is not None:
+            # q and k heads rotated in one pass: half the small ops of rotating each.
+            qk = apply_rotary(qkv[:, :hq + hkv], *rope)  # [T, Hq + Hkv, D]
+            q, k = qk[:, :hq], qk[:, hq:]
+        else:
+            q, k = qkv[:, :hq], qkv[:, hq:hq + hkv]
         out = eager_impl(q)(  # torch.ops.trtforge.paged_attention (or its implementation, in eager mode)
             q, k.contiguous(), v.contiguous(), kv_cache, meta.slot_mapping, meta.block_tables,
             meta.seq_lens, meta.query_start_loc, self.scale)  # [T, Hq, D]

@@ -5,7 +5,8 @@ Algorithm, per call (one layer of one step):
 1. Write the new k/v into the pool (one `index_copy_` per pool).
 2. Decode tokens (sequences with exactly one new token) are done together in ONE fused SDPA
    call: their blocks are gathered with one `index_select` into a [B, Lpad, Hkv, D] batch
-   (Lpad = longest context rounded up to whole blocks) and padding is masked out. GQA is handled
+   (Lpad = longest context rounded up to whole blocks) and padding is masked out (one sequence:
+   cut off instead; the mask of a step is built once and reused by every layer). GQA is handled
    by folding the G = Hq/Hkv query heads that share a kv head into SDPA's query-length axis
    (q [B, Hkv, G, D] against k [B, Hkv, Lpad, D]): no repeated KV is materialised, and SDPA
    measured 1.7x (fp32) to 7x (bf16) faster than with `enable_gqa=True` on single-token queries.
@@ -51,8 +52,9 @@ def _scratch(slot: int, numel: int, like: torch.Tensor) -> torch.Tensor:
 
 
 def clear_workspace() -> None:
-    """Free this thread's scratch buffers (they otherwise live as long as the thread)."""
+    """Free this thread's scratch buffers and kept mask (they otherwise live as long as the thread)."""
     _workspace.buffers = {}
+    _workspace.mask = None
 
 
 def _gather_blocks(pool: torch.Tensor, tables: torch.Tensor, slot: int) -> torch.Tensor:
@@ -67,19 +69,39 @@ def _gather_blocks(pool: torch.Tensor, tables: torch.Tensor, slot: int) -> torch
     return out.view(num_seqs, num_blocks * pool.shape[1], pool.shape[2], pool.shape[3])
 
 
-def _decode_batch(q, kv_cache, block_tables, seq_lens, scale: float, max_len: int):
-    """One new token per sequence: q [B, Hq, D] -> [B, Hq, D], contexts padded to max_len."""
+def _padding_mask(seq_lens: torch.Tensor, lens: list[int], padded_len: int) -> torch.Tensor:
+    """[B, 1, 1, padded_len] True where position < the sequence's length.
+
+    Every layer of a step asks for the same mask, so the last one is kept per thread, keyed by
+    the lengths' values (not the tensor's identity: callers may refill a tensor in place)."""
+    key = (tuple(lens), padded_len, seq_lens.device)
+    memo = getattr(_workspace, "mask", None)
+    if memo is not None and memo[0] == key and memo[1].is_inference() == torch.is_inference_mode_enabled():
+        return memo[1]
+    positions = torch.arange(padded_len, device=seq_lens.device)
+    mask = (positions[None, :] < seq_lens[:, None])[:, None, None, :]
+    _workspace.mask = (key, mask)
+    return mask
+
+
+def _decode_batch(q, kv_cache, block_tables, seq_lens, scale: float, lens: list[int]):
+    """One new token per sequence: q [B, Hq, D] -> [B, Hq, D], contexts padded to max(lens)."""
     num_seqs, num_heads, head_dim = q.shape
     block_size, num_kv_heads = kv_cache.shape[2], kv_cache.shape[3]
     group = num_heads // num_kv_heads
+    max_len = max(lens)
     num_blocks = -(-max_len // block_size)
-    tables = block_tables[:, :num_blocks].long()
+    tables = block_tables[:, :num_blocks]  # int32 or int64: index_select takes both
     keys = _gather_blocks(kv_cache[0], tables, 0).transpose(1, 2)    # [B, Hkv, Lpad, D]
     values = _gather_blocks(kv_cache[1], tables, 1).transpose(1, 2)  # [B, Hkv, Lpad, D]
-    positions = torch.arange(num_blocks * block_size, device=q.device)
-    mask = (positions[None, :] < seq_lens[:, None])[:, None, None, :]  # [B, 1, 1, Lpad]
     query = q.view(num_seqs, num_kv_heads, group, head_dim)          # [B, Hkv, G, D]
-    out = F.scaled_dot_product_attention(query, keys, values, attn_mask=mask, scale=scale)
+    if num_seqs == 1:
+        # One sequence: cut the padding off instead of masking it (SDPA is ~30 % faster unmasked).
+        out = F.scaled_dot_product_attention(query, keys[:, :, :max_len], values[:, :, :max_len],
+                                             scale=scale)
+    else:
+        mask = _padding_mask(seq_lens, lens, num_blocks * block_size)
+        out = F.scaled_dot_product_attention(query, keys, values, attn_mask=mask, scale=scale)
     return out.reshape(num_seqs, num_heads, head_dim)
 
 
@@ -94,7 +116,7 @@ def _prefill_one(q, k, v, kv_cache, block_table, cached: int, scale: float):
                                              enable_gqa=True)
     else:
         seq_len, block_size = cached + num_new, kv_cache.shape[2]
-        table = block_table[: -(-seq_len // block_size)].long()[None]
+        table = block_table[: -(-seq_len // block_size)][None]
         keys = _gather_blocks(kv_cache[0], table, 0)[:, :seq_len].transpose(1, 2)  # [1, Hkv, L, D]
         values = _gather_blocks(kv_cache[1], table, 1)[:, :seq_len].transpose(1, 2)
         device = q.device
@@ -120,15 +142,14 @@ def paged_attention(q, k, v, kv_cache, slot_mapping, block_tables, seq_lens, que
     decodes = [s for s in range(num_seqs) if new_counts[s] == 1]
     if 0 < len(decodes) == num_seqs == q.shape[0]:
         # Pure decode step (the common case): tokens are already in sequence order.
-        return _decode_batch(q, kv_cache, block_tables, seq_lens, scale, max(lens))
+        return _decode_batch(q, kv_cache, block_tables, seq_lens, scale, lens)
     out = q.new_empty(q.shape)
     if decodes:
-        max_len = max(lens[s] for s in decodes)
         index = torch.tensor(decodes, device=q.device)
         tokens = torch.tensor([starts[s] for s in decodes], device=q.device)
         result = _decode_batch(q.index_select(0, tokens), kv_cache,
                                block_tables.index_select(0, index),
-                               seq_lens.index_select(0, index), scale, max_len)
+                               seq_lens.index_select(0, index), scale, [lens[s] for s in decodes])
         out.index_copy_(0, tokens, result)
     for s in range(num_seqs):
         if new_counts[s] < 2:

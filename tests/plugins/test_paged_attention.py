@@ -21,6 +21,7 @@ SCENARIOS = {
     "prefill": [(0, 37), (0, 5), (0, 1), (0, 16)],
     "chunked_prefill": [(16, 21), (40, 7), (5, 33)],
     "decode": [(15, 1), (16, 1), (31, 1), (47, 1), (0, 1), (2, 1)],
+    "decode_one": [(40, 1)],  # batch-1 decode: the CPU path trims padding instead of masking it
     "mixed": [(0, 13), (33, 1), (20, 12), (7, 1), (0, 1), (64, 5), (31, 1)],
 }
 FP32_TOL = dict(atol=1e-5, rtol=1e-5)
@@ -246,3 +247,15 @@ def test_cpu_path_works_inside_then_outside_inference_mode():
     with torch.no_grad():
         outside = cpu.paged_attention(*case.clone().op_args())
     torch.testing.assert_close(inside, outside)
+
+
+def test_cpu_decode_mask_follows_lengths_not_shapes():
+    """The CPU path keeps the last decode padding mask per thread (every layer of a step asks for
+    the same one): two steps with the same shapes but different lengths must each get theirs."""
+    cpu.clear_workspace()
+    for seqs in ([(15, 1), (40, 1)], [(40, 1), (15, 1)], [(15, 1), (40, 1)]):
+        case = make_case(seqs, block_size=16, num_heads=4, num_kv_heads=2, seed=len(seqs))
+        expected = reference.paged_attention(*case.clone().op_args())
+        with torch.inference_mode():
+            got = cpu.paged_attention(*case.clone().op_args())
+        torch.testing.assert_close(got, expected, **FP32_TOL)
