@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Serving benchmark report (docs/benchmarks.md "## Serving"), in ONE run on this machine:
 #   1. serving overhead: the same requests through Triton (gRPC streaming) vs LLMEngine in-process;
-#   2. prefill/decode interference: 8 short decoding streams while 2,000-token prompts arrive,
+#   2. prefill/decode interference: 8 short decoding streams (24 tokens each) while 2,000-token prompts arrive,
 #      chunked prefill on vs off (two tritonservers, one after the other).
 # Builds what it needs (random-weight Qwen2.5-0.5B-shaped checkpoint, float32 engine with
 # max_num_tokens >= max_seq_len so prefill_chunk_size=0 is valid), starts and stops the servers

@@ -19,7 +19,7 @@ import os
 import platform
 import statistics
 from dataclasses import asdict, dataclass
-from typing import Any
+from typing import Any, Callable
 
 import torch
 
@@ -168,19 +168,28 @@ def kv_capacity(result: SystemResult, workload_max_len: int) -> dict[str, Any]:
 
 
 def seed_experiment(engine: LLMEngine, prompt_lens: list[int], output_len: int, vocab: int,
-                    weight_bytes: int, bandwidth: float) -> list[dict[str, Any]]:
+                    weight_bytes: int, probe: Callable[[], float] | None = None) -> list[dict[str, Any]]:
     """Each prompt alone: TTFT (prefill) vs mean decode step, and the decode step's bound =
-    (weights + mean KV read per step) / copy bandwidth."""
+    (weights + mean KV read per step) / copy bandwidth.
+
+    The copy bandwidth of a shared VM drifts by tens of percent over minutes, so it is probed
+    right before and right after each prompt's generation (`probe` returns bytes/s) and the bound
+    uses their mean: the bound and the decode steps are measured under the same conditions."""
+    probe = probe or (lambda: copy_bandwidth()["median_bytes_per_s"])
     kv_per_token = kv_bytes_per_token(engine.engine_config.model, engine.engine_config.dtype)
     rows = []
     for n in prompt_lens:
         (req,) = make_workload(1, (n, n), (output_len, output_len), vocab, seed=n)
+        before = probe()
         (out,) = engine.generate([req.prompt_token_ids], SamplingParams(max_tokens=output_len, ignore_eos=True))
+        after = probe()
+        bandwidth = (before + after) / 2
         m = out.metrics
         mean_context = n + output_len / 2
         bound = (weight_bytes + mean_context * kv_per_token) / bandwidth
         rows.append({"prompt_len": n, "output_len": output_len, "ttft_s": m.ttft,
                      "prefill_tokens_per_s": n / m.ttft, "decode_s_per_token": m.tpot,
+                     "copy_bandwidth_before": before, "copy_bandwidth_after": after,
                      "decode_bound_s": bound, "decode_vs_bound": m.tpot / bound})
     return rows
 
@@ -219,8 +228,7 @@ def run_offline(checkpoint: str, engine_dir: str, cfg: OfflineBenchConfig, log: 
     weights = weight_bytes_per_decode_step(engine)
     report["decode_weight_bytes"] = weights
     report["seed_experiment"] = seed_experiment(engine, cfg.prompt_lens(), cfg.seed_output_len,
-                                                model_cfg.vocab_size, weights,
-                                                report["copy_bandwidth"]["median_bytes_per_s"])
+                                                model_cfg.vocab_size, weights)
     report["machine"]["loadavg_1m_end"] = os.getloadavg()[0]
     return report
 
