@@ -58,6 +58,8 @@ class OfflineBenchConfig:
     """Prompt lengths of the TTFT-vs-decode experiment (comma-separated)."""
     seed_output_len: int = 100
     """Tokens generated per prompt in the TTFT-vs-decode experiment."""
+    copy_probe_mib: int = 1024
+    """Size of the copy-bandwidth probe in MiB; keep it far above the last-level cache."""
     skip_hf: bool = False
     """Skip the HF baselines (a) and (b) (quick runs of trtforge alone)."""
     seed: int = 0
@@ -194,6 +196,58 @@ def seed_experiment(engine: LLMEngine, prompt_lens: list[int], output_len: int, 
     return rows
 
 
+def _linear_calls(engine: LLMEngine) -> list[tuple[Callable[[torch.Tensor], torch.Tensor], int, int]]:
+    """The network's matrix products in the order a step calls them: (module, in, out features)."""
+    net, m = engine.executor.network, engine.engine_config.model
+    calls: list[tuple[Callable[[torch.Tensor], torch.Tensor], int, int]] = []
+    for layer in net.layers:
+        up = layer.mlp.gate_up if layer.mlp.gated else layer.mlp.up
+        up_out = m.intermediate_size * (2 if layer.mlp.gated else 1)
+        calls += [(layer.attn.qkv, m.hidden_size, m.q_size + 2 * m.kv_size),
+                  (layer.attn.o_proj, m.q_size, m.hidden_size),
+                  (up, m.hidden_size, up_out), (layer.mlp.down, m.intermediate_size, m.hidden_size)]
+    head = net.packed_head or (lambda x: torch.nn.functional.linear(x, net.lm_head_weight()))
+    calls.append((head, m.hidden_size, m.vocab_size))
+    return calls
+
+
+def decode_breakdown(engine: LLMEngine, rounds: int = 3, steps: int = 10, context: int = 32,
+                     probe: Callable[[], float] | None = None) -> dict[str, Any]:
+    """Where a batch-1 decode step's time goes: the same engine's linear layers run back to back on
+    one row (the weight-streaming floor of a step) vs whole engine steps, interleaved with copy
+    bandwidth probes so all three see the same machine state. Torch engines only."""
+    probe = probe or (lambda: copy_bandwidth()["median_bytes_per_s"])
+    calls = _linear_calls(engine)
+    dtype = next(iter(engine.executor.kv_caches)).dtype
+    device = engine.executor.device
+    inputs = [torch.randn(1, n_in, dtype=dtype, device=device) for _, n_in, _ in calls]
+    linear_bytes = sum(n_in * n_out for _, n_in, n_out in calls) * torch.finfo(dtype).bits // 8
+    request = engine.add_request(list(range(10, 10 + context)),
+                                 SamplingParams(max_tokens=rounds * steps + 4, ignore_eos=True))
+    engine.step()  # the prefill
+    step_times, linear_times, bandwidths = [], [], []
+    with torch.inference_mode():
+        for _ in range(rounds):
+            bandwidths.append(probe())
+            for _ in range(steps):
+                with Stopwatch() as sw:
+                    engine.step()
+                step_times.append(sw.elapsed)
+            for _ in range(3):
+                with Stopwatch() as sw:
+                    for (fn, _, _), x in zip(calls, inputs):
+                        fn(x)
+                linear_times.append(sw.elapsed)
+    engine.abort(request)
+    while engine.has_unfinished():
+        engine.step()
+    step, linears = statistics.median(step_times), statistics.median(linear_times)
+    bandwidth = statistics.median(bandwidths)
+    return {"step_s": step, "linears_s": linears, "other_s": step - linears,
+            "linear_bytes": linear_bytes, "linear_bytes_per_s": linear_bytes / linears,
+            "copy_bandwidth": bandwidth, "num_linear_calls": len(calls)}
+
+
 # ---- the whole run -------------------------------------------------------------------------
 def run_offline(checkpoint: str, engine_dir: str, cfg: OfflineBenchConfig, log: Any = print) -> dict[str, Any]:
     torch.set_num_threads(cfg.threads)
@@ -206,7 +260,9 @@ def run_offline(checkpoint: str, engine_dir: str, cfg: OfflineBenchConfig, log: 
                               "model": {"architecture": model_cfg.architecture, "layers": model_cfg.num_layers,
                                         "hidden": model_cfg.hidden_size, "dtype": engine.engine_config.dtype}}
     log(f"machine: {report['machine']}")
-    report["copy_bandwidth"] = copy_bandwidth()
+    probe_bytes = cfg.copy_probe_mib << 20
+    probe = lambda: copy_bandwidth(probe_bytes)["median_bytes_per_s"]  # noqa: E731
+    report["copy_bandwidth"] = copy_bandwidth(probe_bytes)
     log(f"copy bandwidth: {report['copy_bandwidth']['median_bytes_per_s'] / 1e9:.1f} GB/s (read+write)")
     systems: list[SystemResult] = []
     if not cfg.skip_hf:
@@ -228,7 +284,9 @@ def run_offline(checkpoint: str, engine_dir: str, cfg: OfflineBenchConfig, log: 
     weights = weight_bytes_per_decode_step(engine)
     report["decode_weight_bytes"] = weights
     report["seed_experiment"] = seed_experiment(engine, cfg.prompt_lens(), cfg.seed_output_len,
-                                                model_cfg.vocab_size, weights)
+                                                model_cfg.vocab_size, weights, probe)
+    torch_network = getattr(getattr(engine.executor, "network", None), "layers", None) is not None
+    report["decode_breakdown"] = decode_breakdown(engine, probe=probe) if torch_network else None
     report["machine"]["loadavg_1m_end"] = os.getloadavg()[0]
     return report
 

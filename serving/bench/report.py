@@ -61,6 +61,12 @@ def render(report: dict[str, Any]) -> str:
                 "probed right before and after each prompt)",
             table(["prompt", "TTFT s", "prefill tok/s", "decode ms/tok", "copy GB/s", "bound ms", "decode/bound"],
                   seed_rows)]
+    b = report.get("decode_breakdown")
+    if b:
+        out.append(f"  batch-1 decode step {b['step_s'] * 1e3:.0f} ms = {b['num_linear_calls']} linear layers alone "
+                   f"{b['linears_s'] * 1e3:.0f} ms ({b['linear_bytes'] / 1e9:.2f} GB at "
+                   f"{b['linear_bytes_per_s'] / 1e9:.1f} GB/s; copy {b['copy_bandwidth'] / 1e9:.1f} GB/s) "
+                   f"+ {b['other_s'] * 1e3:.0f} ms everything else (attention, norms, RoPE, sampling, Python)")
     first = report["seed_experiment"][0]
     out.append(f"  batch-1 decode at prompt {first['prompt_len']}: {first['decode_vs_bound']:.2f}x the bandwidth "
                f"bound (target <= {TARGETS['decode_vs_bound_max']}x: "
