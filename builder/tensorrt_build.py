@@ -82,13 +82,15 @@ def profile_shapes(cfg) -> list[dict[str, tuple[tuple[int, ...], ...]]]:
 
 def build_plan(trt: Any, onnx_path: Path, profiles: list[dict], timing_cache: Path | None) -> bytes:
     """Parse `onnx_path` and build a serialized plan with `profiles`; BuildError on failure."""
-    import trtforge.plugins.paged_attention.tensorrt_plugin  # noqa: F401  (registers the plugin)
+    from trtforge.plugins.paged_attention import tensorrt_plugin  # importing registers the plugin
 
     logger = trt.Logger(trt.Logger.WARNING)
     builder = trt.Builder(logger)
     flags = 0
     strongly_typed = getattr(trt.NetworkDefinitionCreationFlag, "STRONGLY_TYPED", None)
-    if strongly_typed is not None:  # TensorRT 11 is always strongly typed and dropped the flag
+    # TensorRT 11.0 deprecated the flag (always strongly typed; it is kept and ignored), so the
+    # getattr is only a guard against its eventual removal.
+    if strongly_typed is not None:
         flags |= 1 << int(strongly_typed)
     network = builder.create_network(flags)
     parser = trt.OnnxParser(network, logger)
@@ -99,15 +101,20 @@ def build_plan(trt: Any, onnx_path: Path, profiles: list[dict], timing_cache: Pa
     aliased_io = getattr(trt.PreviewFeature, "ALIASED_PLUGIN_IO_10_03", None)
     if aliased_io is not None:
         config.set_preview_feature(aliased_io, True)
-    for shapes in profiles:
+    for index, shapes in enumerate(profiles):
         profile = builder.create_optimization_profile()
         for name, (lo, opt, hi) in shapes.items():
             profile.set_shape(name, lo, opt, hi)
-        config.add_optimization_profile(profile)
+        # IBuilderConfig.add_optimization_profile returns -1 (it does not raise) for a profile
+        # it rejects, e.g. one that misses a dynamic input; fail here, not in the build.
+        if config.add_optimization_profile(profile) < 0:
+            raise BuildError(f"TensorRT rejected optimization profile {index} for {onnx_path.name} "
+                             f"(inputs: {', '.join(shapes)})")
     cache_bytes = timing_cache.read_bytes() if timing_cache and timing_cache.is_file() else b""
     cache = config.create_timing_cache(cache_bytes)
     config.set_timing_cache(cache, ignore_mismatch=True)
-    plan = builder.build_serialized_network(network, config)
+    with tensorrt_plugin.building_engine():  # the plugin's timing runs see fake inputs
+        plan = builder.build_serialized_network(network, config)
     if plan is None:
         raise BuildError("TensorRT failed to build the engine (see the TensorRT log above). Common causes: "
                          "too little GPU memory for --max-num-tokens, or a TensorRT older than 10.6.")

@@ -22,9 +22,14 @@ so max_query_len <= T - S + 1 (exactly 1 in a pure decode batch), and a context 
 its block-table row, so max_seq_len <= W * block_size.
 """
 
-from __future__ import annotations
+# No `from __future__ import annotations` here: `tensorrt.plugin` reads these functions'
+# annotations with `inspect.signature` and checks them with `issubclass` / `typing.get_origin`
+# (`_parse_register_inputs`, `_parse_register_return`, `_validate_impl` in
+# tensorrt/plugin/_validate.py, TensorRT 10.6 through 11.1), so string annotations make
+# `@trtp.register` raise "issubclass() arg 1 must be a class" at import.
 
-from typing import Tuple
+import contextlib
+from typing import Iterator, Tuple
 
 import numpy as np
 import tensorrt as trt
@@ -37,6 +42,26 @@ PLUGIN_ID = "trtforge::PagedAttention"
 
 _TORCH_DTYPES = {trt.float32: torch.float32, trt.float16: torch.float16,
                  trt.bfloat16: torch.bfloat16, trt.int32: torch.int32, trt.int64: torch.int64}
+
+_builds_in_progress = 0
+
+
+@contextlib.contextmanager
+def building_engine() -> Iterator[None]:
+    """Wrap `builder.build_serialized_network`: while it runs, the impl touches no KV pool.
+
+    TensorRT times layers on fake input data while it builds (a maintainer's word in
+    NVIDIA/TensorRT#2552), and the QDP impl is what it times. Fake slot ids and block ids would
+    send the Triton kernels' scatter and gathers to arbitrary addresses, so during a build the
+    impl only zero-fills `out`; the plugin has one format combination and no tactics, so there
+    is nothing for the timing to choose.
+    """
+    global _builds_in_progress
+    _builds_in_progress += 1
+    try:
+        yield
+    finally:
+        _builds_in_progress -= 1
 
 
 class _CudaArray:
@@ -87,6 +112,9 @@ def paged_attention_impl(q: trtp.Tensor, k: trtp.Tensor, v: trtp.Tensor, kv_cach
     if num_tokens == 0 or num_seqs == 0:
         return
     with torch.cuda.stream(torch.cuda.ExternalStream(stream)):
+        if _builds_in_progress:  # timing run on fake inputs: see building_engine()
+            out.zero_()
+            return
         result = paged_attention_triton(
             tq, tk, tv, pool, as_torch(slot_mapping), tables, as_torch(seq_lens),
             as_torch(query_start_loc), float(np.float32(scale)),

@@ -120,3 +120,18 @@ def test_tensorrt_engine_matches_torch_engine_on_gpu(checkpoint, tmp_path):
         torch.testing.assert_close(got, want, atol=2e-2, rtol=2e-2)
     for a, b in zip(pools_trt, pools_ref):  # the aliased output really updated the pools
         torch.testing.assert_close(a, b, atol=2e-2, rtol=2e-2)
+
+
+def test_plugin_module_keeps_real_annotations():
+    """`tensorrt.plugin` validates @trtp.register / @trtp.impl signatures with issubclass() on
+    their annotations; `from __future__ import annotations` would turn them into strings and make
+    the plugin fail to register at import. Checked statically, since TensorRT is not here."""
+    import ast
+    from pathlib import Path
+
+    import trtforge.plugins.paged_attention as pa
+
+    source = Path(pa.__file__).with_name("tensorrt_plugin.py").read_text()
+    future = [n for n in ast.walk(ast.parse(source)) if isinstance(n, ast.ImportFrom)
+              and n.module == "__future__" and any(a.name == "annotations" for a in n.names)]
+    assert not future, "tensorrt_plugin.py must not use `from __future__ import annotations`"
