@@ -170,14 +170,13 @@ def kv_capacity(result: SystemResult, workload_max_len: int) -> dict[str, Any]:
 
 
 def seed_experiment(engine: LLMEngine, prompt_lens: list[int], output_len: int, vocab: int,
-                    weight_bytes: int, probe: Callable[[], float] | None = None) -> list[dict[str, Any]]:
+                    weight_bytes: int, probe: Callable[[], float]) -> list[dict[str, Any]]:
     """Each prompt alone: TTFT (prefill) vs mean decode step, and the decode step's bound =
     (weights + mean KV read per step) / copy bandwidth.
 
     The copy bandwidth of a shared VM drifts by tens of percent over minutes, so it is probed
     right before and right after each prompt's generation (`probe` returns bytes/s) and the bound
     uses their mean: the bound and the decode steps are measured under the same conditions."""
-    probe = probe or (lambda: copy_bandwidth()["median_bytes_per_s"])
     kv_per_token = kv_bytes_per_token(engine.engine_config.model, engine.engine_config.dtype)
     rows = []
     for n in prompt_lens:
@@ -211,14 +210,13 @@ def _linear_calls(engine: LLMEngine) -> list[tuple[Callable[[torch.Tensor], torc
     return calls
 
 
-def decode_breakdown(engine: LLMEngine, rounds: int = 3, steps: int = 10, context: int = 32,
-                     probe: Callable[[], float] | None = None) -> dict[str, Any]:
+def decode_breakdown(engine: LLMEngine, probe: Callable[[], float], rounds: int = 3, steps: int = 10,
+                     context: int = 32) -> dict[str, Any]:
     """Where a batch-1 decode step's time goes: the same engine's linear layers run back to back on
     one row (the weight-streaming floor of a step) vs whole engine steps, interleaved with copy
     bandwidth probes so all three see the same machine state. Torch engines only."""
-    probe = probe or (lambda: copy_bandwidth()["median_bytes_per_s"])
     calls = _linear_calls(engine)
-    dtype = next(iter(engine.executor.kv_caches)).dtype
+    dtype = engine.executor.kv_caches[0].dtype
     device = engine.executor.device
     inputs = [torch.randn(1, n_in, dtype=dtype, device=device) for _, n_in, _ in calls]
     linear_bytes = sum(n_in * n_out for _, n_in, n_out in calls) * torch.finfo(dtype).bits // 8
@@ -286,7 +284,7 @@ def run_offline(checkpoint: str, engine_dir: str, cfg: OfflineBenchConfig, log: 
     report["seed_experiment"] = seed_experiment(engine, cfg.prompt_lens(), cfg.seed_output_len,
                                                 model_cfg.vocab_size, weights, probe)
     torch_network = getattr(getattr(engine.executor, "network", None), "layers", None) is not None
-    report["decode_breakdown"] = decode_breakdown(engine, probe=probe) if torch_network else None
+    report["decode_breakdown"] = decode_breakdown(engine, probe) if torch_network else None
     report["machine"]["loadavg_1m_end"] = os.getloadavg()[0]
     return report
 
