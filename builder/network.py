@@ -19,6 +19,7 @@ import trtforge.plugins.paged_attention  # noqa: F401  (registers torch.ops.trtf
 from trtforge.plugins.paged_attention.metadata import AttentionMetadata
 from trtforge.plugins.paged_attention.op import eager_impl
 
+from . import cpu_fused
 from .model_config import ModelConfig
 from .rope import apply_rotary, rotary_cos_sin
 
@@ -39,20 +40,40 @@ class RMSNorm(nn.Module):
         self.eps = eps
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
+        fused = cpu_fused.rms_norm(x, self.weight, self.eps)  # float32 CPU inference: one C loop
+        if fused is not None:
+            return fused[0]
         dtype = x.dtype
         if dtype == torch.float32:
-            # Same math in one fused op (no casts to order): 6 ops fewer per norm, and a CPU
-            # decode step runs ~50 norms of one row, where dispatch costs more than arithmetic.
-            return F.rms_norm(x, self.weight.shape, self.weight, self.eps)
+            return F.rms_norm(x, self.weight.shape, self.weight, self.eps)  # same math, one op
         h = x.float()
         h = h * torch.rsqrt(h.pow(2).mean(-1, keepdim=True) + self.eps)
         return self.weight * h.to(dtype)
+
+    def add_norm(self, x: torch.Tensor, residual: torch.Tensor | None) -> tuple[torch.Tensor, torch.Tensor]:
+        """(norm(x + residual), x + residual): the residual stream's update and the next
+        sublayer's input. The fused kernel writes the sum into `residual` in place."""
+        fused = cpu_fused.rms_norm(x, self.weight, self.eps, residual)
+        if fused is not None:
+            return fused
+        if residual is not None:
+            x = x + residual
+        return self(x), x
+
+
+class LayerNorm(nn.LayerNorm):
+    """nn.LayerNorm with RMSNorm's residual interface (GPT-2)."""
+
+    def add_norm(self, x: torch.Tensor, residual: torch.Tensor | None) -> tuple[torch.Tensor, torch.Tensor]:
+        if residual is not None:
+            x = x + residual
+        return self(x), x
 
 
 def make_norm(cfg: ModelConfig, dim: int) -> nn.Module:
     if cfg.norm == "rms":
         return RMSNorm(dim, cfg.norm_eps)
-    return nn.LayerNorm(dim, eps=cfg.norm_eps)
+    return LayerNorm(dim, eps=cfg.norm_eps)
 
 
 class Attention(nn.Module):
@@ -71,17 +92,14 @@ class Attention(nn.Module):
         c = self.cfg
         t, hq, hkv = x.shape[0], c.num_heads, c.num_kv_heads
         qkv = self.qkv(x).view(t, hq + 2 * hkv, c.head_dim)  # heads of q, then k, then v
-        v = qkv[:, hq + hkv:]  # [T, Hkv, D]
+        q, k, v = qkv.split([hq, hkv, hkv], dim=1)  # [T, Hq, D], [T, Hkv, D], [T, Hkv, D]
         if c.qk_norm:
-            q, k = self.q_norm(qkv[:, :hq]), self.k_norm(qkv[:, hq:hq + hkv])
+            q, k = self.q_norm(q), self.k_norm(k)
             if rope is not None:
                 q, k = apply_rotary(q, *rope), apply_rotary(k, *rope)
-        elif rope is not None:
-            # q and k heads rotated in one pass: half the small ops of rotating each.
-            qk = apply_rotary(qkv[:, :hq + hkv], *rope)  # [T, Hq + Hkv, D]
-            q, k = qk[:, :hq], qk[:, hq:]
-        else:
-            q, k = qkv[:, :hq], qkv[:, hq:hq + hkv]
+        elif rope is not None and not cpu_fused.rope_heads_(qkv, *rope, hq + hkv):  # float32 CPU: in place
+            qk = apply_rotary(qkv[:, :hq + hkv], *rope)  # q and k heads rotated in one pass
+            q, k = qk[:, :hq], qk[:, hq:]  # [T, Hq, D], [T, Hkv, D]
         out = eager_impl(q)(  # torch.ops.trtforge.paged_attention (or its implementation, in eager mode)
             q, k.contiguous(), v.contiguous(), kv_cache, meta.slot_mapping, meta.block_tables,
             meta.seq_lens, meta.query_start_loc, self.scale)  # [T, Hq, D]
@@ -101,8 +119,12 @@ class MLP(nn.Module):
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         if self.gated:
-            gate, up = self.gate_up(x).chunk(2, dim=-1)  # [T, I] each
-            return self.down(self.act(gate) * up)
+            gate_up = self.gate_up(x)  # [T, 2I]
+            h = cpu_fused.silu_mul(gate_up) if self.act is F.silu else None  # float32 CPU: one C loop
+            if h is None:
+                gate, up = gate_up.chunk(2, dim=-1)  # [T, I] each
+                h = self.act(gate) * up
+            return self.down(h)
         return self.down(self.act(self.up(x)))
 
 
@@ -114,9 +136,14 @@ class DecoderLayer(nn.Module):
         self.post_attn_norm = make_norm(cfg, cfg.hidden_size)
         self.mlp = MLP(cfg)
 
-    def forward(self, x, rope, kv_cache, meta):
-        x = x + self.attn(self.input_norm(x), rope, kv_cache, meta)
-        return x + self.mlp(self.post_attn_norm(x))
+    def forward(self, x, residual, rope, kv_cache, meta):
+        """x: the previous layer's MLP output (the embeddings for layer 0, with residual None);
+        returns this layer's MLP output and the residual stream before it. Keeping the residual
+        sum apart lets each add be fused into the norm that follows it (vLLM's fused_add_rms_norm)."""
+        h, residual = self.input_norm.add_norm(x, residual)
+        h = self.attn(h, rope, kv_cache, meta)
+        h, residual = self.post_attn_norm.add_norm(h, residual)
+        return self.mlp(h), residual
 
 
 class CausalLM(nn.Module):
@@ -134,8 +161,8 @@ class CausalLM(nn.Module):
         self.final_norm = make_norm(cfg, cfg.hidden_size)
         if not cfg.tie_word_embeddings:
             self.lm_head = nn.Linear(cfg.hidden_size, cfg.vocab_size, bias=False)
-        self.packed_head: nn.Module | None = None
-        """Set by builder/cpu_prepack.py: the LM head as a oneDNN-packed linear."""
+        self.head_linear: nn.Module | None = None
+        """Set by builder/cpu_linear.py: the LM head as a CPU linear (C GEMV / oneDNN)."""
 
     def lm_head_weight(self) -> torch.Tensor:
         return self.embed_tokens.weight if self.cfg.tie_word_embeddings else self.lm_head.weight
@@ -151,9 +178,11 @@ class CausalLM(nn.Module):
         else:
             rope = rotary_cos_sin(positions, self.rope_inv_freq, self.cfg.rope_attention_scaling,
                                   x.dtype)
+        residual = None
         for layer, kv_cache in zip(self.layers, kv_caches):
-            x = layer(x, rope, kv_cache, meta)
-        x = self.final_norm(x[logits_indices])  # [S', H]: only rows whose logits are needed
-        if self.packed_head is not None:
-            return self.packed_head(x).float()  # [S', V]
+            x, residual = layer(x, residual, rope, kv_cache, meta)
+        # [S', H]: only rows whose logits are needed
+        x, _ = self.final_norm.add_norm(x[logits_indices], residual[logits_indices])
+        if self.head_linear is not None:
+            return self.head_linear(x).float()  # [S', V]
         return F.linear(x, self.lm_head_weight()).float()  # [S', V]

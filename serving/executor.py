@@ -11,7 +11,7 @@ from typing import Any, Protocol
 import torch
 
 from trtforge.builder.engine_dir import EngineConfig
-from trtforge.builder.cpu_prepack import onednn_wanted, prepack_linears
+from trtforge.builder.cpu_linear import cpu_linears_wanted, use_cpu_linears
 from trtforge.builder.loader import load_network, torch_dtype
 
 from .model_inputs import ModelInputs
@@ -64,6 +64,6 @@ def make_executor(engine_dir: str, cfg: EngineConfig, num_blocks: int, device: s
 
         return NetworkExecutor(TensorRTNetwork.from_engine_dir(engine_dir), cfg, num_blocks, "cuda")
     network = load_network(engine_dir, cfg, device)
-    if onednn_wanted(torch.device(device), torch_dtype(cfg)):
-        prepack_linears(network)
+    if cpu_linears_wanted(torch.device(device), torch_dtype(cfg)):
+        use_cpu_linears(network)
     return NetworkExecutor(network, cfg, num_blocks, device, cuda_graph_batch_sizes)

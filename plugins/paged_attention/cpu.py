@@ -2,6 +2,9 @@
 
 Algorithm, per call (one layer of one step):
 
+0. A pure-decode float32 step with at most `cpu_native.MAX_CONTEXT_TOKENS` tokens of context goes
+   to the C kernel instead (cpu_decode.c: KV write + attention in one single-threaded call; at
+   batch 1 that replaces ~20 ATen ops per layer). Everything below is the torch path for the rest.
 1. Write the new k/v into the pool (one `index_copy_` per pool).
 2. Decode tokens (sequences with exactly one new token) are done together in ONE fused SDPA
    call: their blocks are gathered with one `index_select` into a [B, Lpad, Hkv, D] batch
@@ -32,6 +35,7 @@ import threading
 import torch
 import torch.nn.functional as F
 
+from . import cpu_native
 from .reference import write_kv
 
 _workspace = threading.local()  # per thread: {(slot, dtype, device): flat scratch tensor}
@@ -134,14 +138,17 @@ def paged_attention(q, k, v, kv_cache, slot_mapping, block_tables, seq_lens, que
     if kv_cache.dtype != q.dtype:
         raise ValueError(f"the torch attention path needs kv_cache in q's dtype; got kv_cache "
                          f"{kv_cache.dtype} and q {q.dtype}: build the KV pool in the model dtype")
-    write_kv(kv_cache, k, v, slot_mapping)
     starts = query_start_loc.tolist()
     lens = seq_lens.tolist()
     num_seqs = len(lens)
     new_counts = [starts[s + 1] - starts[s] for s in range(num_seqs)]
     decodes = [s for s in range(num_seqs) if new_counts[s] == 1]
-    if 0 < len(decodes) == num_seqs == q.shape[0]:
-        # Pure decode step (the common case): tokens are already in sequence order.
+    pure_decode = 0 < len(decodes) == num_seqs == q.shape[0]
+    if pure_decode and cpu_native.applies(q, k, v, kv_cache, slot_mapping, block_tables, seq_lens, lens):
+        return cpu_native.decode(q, k, v, kv_cache, slot_mapping, block_tables, seq_lens, scale)
+    write_kv(kv_cache, k, v, slot_mapping)
+    if pure_decode:
+        # The common case: tokens are already in sequence order.
         return _decode_batch(q, kv_cache, block_tables, seq_lens, scale, lens)
     out = q.new_empty(q.shape)
     if decodes:

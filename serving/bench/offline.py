@@ -205,7 +205,7 @@ def _linear_calls(engine: LLMEngine) -> list[tuple[Callable[[torch.Tensor], torc
         calls += [(layer.attn.qkv, m.hidden_size, m.q_size + 2 * m.kv_size),
                   (layer.attn.o_proj, m.q_size, m.hidden_size),
                   (up, m.hidden_size, up_out), (layer.mlp.down, m.intermediate_size, m.hidden_size)]
-    head = net.packed_head or (lambda x: torch.nn.functional.linear(x, net.lm_head_weight()))
+    head = net.head_linear or (lambda x: torch.nn.functional.linear(x, net.lm_head_weight()))
     calls.append((head, m.hidden_size, m.vocab_size))
     return calls
 

@@ -116,10 +116,10 @@ def test_bfloat16_engine_close_to_float32(tmp_path, name):
 def test_cpu_onednn_linears_match_plain_torch(tmp_path, monkeypatch):
     ckpt = make_variant(tmp_path / "ckpt", "llama-gqa-llama3rope")
     packed = _engine(tmp_path, ckpt)
-    assert packed.executor.network.packed_head is not None, "float32 CPU engines use oneDNN linears"
+    assert packed.executor.network.head_linear is not None, "float32 CPU engines use their own CPU linears"
     monkeypatch.setenv("TRTFORGE_CPU_ONEDNN", "0")
     plain = LLMEngine.from_engine_dir(tmp_path / "engine-float32")
-    assert plain.executor.network.packed_head is None
+    assert plain.executor.network.head_linear is None
     prompts = _prompts(packed.engine_config.model.vocab_size)
     for a, b in zip(_prompt_logits(packed, prompts), _prompt_logits(plain, prompts)):
         torch.testing.assert_close(a, b, atol=1e-5, rtol=0)

@@ -12,7 +12,8 @@ import pytest
 import torch
 
 import trtforge.plugins.paged_attention as pa
-from trtforge.plugins.paged_attention import cpu, op, reference
+from trtforge.plugins import native
+from trtforge.plugins.paged_attention import cpu, cpu_native, op, reference
 from trtforge.plugins.paged_attention.testing import make_case
 
 # (cached_len, new_len) per sequence. Lengths are chosen to start, end and cross block
@@ -29,6 +30,16 @@ FP32_TOL = dict(atol=1e-5, rtol=1e-5)
 # the output's own rounding is ~4e-3 relative; SDPA may also round probabilities to bf16 before
 # the P@V product. 2e-2 covers both and still catches any wrong position or head (errors ~1).
 BF16_TOL = dict(atol=2e-2, rtol=2e-2)
+
+
+needs_cc = pytest.mark.skipif(native._compiler() is None,
+                              reason="needs a C compiler (cc) to build the native CPU kernels")
+
+
+@pytest.fixture
+def torch_decode(monkeypatch):
+    """Send pure-decode steps down the torch SDPA path instead of the C kernel (cpu_native)."""
+    monkeypatch.setattr(cpu_native, "MAX_CONTEXT_TOKENS", -1)
 
 
 @pytest.fixture(autouse=True)
@@ -249,7 +260,7 @@ def test_cpu_path_works_inside_then_outside_inference_mode():
     torch.testing.assert_close(inside, outside)
 
 
-def test_cpu_decode_mask_follows_lengths_not_shapes():
+def test_cpu_decode_mask_follows_lengths_not_shapes(torch_decode):
     """The CPU path keeps the last decode padding mask per thread (every layer of a step asks for
     the same one): two steps with the same shapes but different lengths must each get theirs."""
     cpu.clear_workspace()
@@ -259,3 +270,50 @@ def test_cpu_decode_mask_follows_lengths_not_shapes():
         with torch.inference_mode():
             got = cpu.paged_attention(*case.clone().op_args())
         torch.testing.assert_close(got, expected, **FP32_TOL)
+
+
+@pytest.mark.parametrize("block_size", [1, 16])
+@pytest.mark.parametrize("scenario", ["decode", "decode_one"])
+def test_torch_decode_path_matches_reference(scenario, block_size, torch_decode):
+    """The SDPA decode path stays right for what the C kernel does not take (bf16, long batches)."""
+    case = make_case(SCENARIOS[scenario], block_size=block_size, num_heads=6, num_kv_heads=2, seed=3)
+    expected = reference.paged_attention(*case.clone().op_args())
+    torch.testing.assert_close(cpu.paged_attention(*case.op_args()), expected, **FP32_TOL)
+
+
+@needs_cc
+@pytest.mark.parametrize("head_dim", [8, 64])
+@pytest.mark.parametrize("group", [1, 2, 7])
+@pytest.mark.parametrize("block_size", [1, 16, 32])
+def test_native_decode_matches_reference(block_size, group, head_dim):
+    """The C decode kernel: outputs vs the reference, and the pool written bit for bit alike.
+    Context lengths cross blocks and leave remainders of 1-3 after the kernel's groups of four."""
+    seqs = [(15, 1), (16, 1), (31, 1), (47, 1), (0, 1), (2, 1), (66, 1)]
+    case = make_case(seqs, block_size=block_size, num_heads=2 * group, num_kv_heads=2,
+                     head_dim=head_dim, seed=group)
+    ref_case = case.clone()
+    expected = reference.paged_attention(*ref_case.op_args())
+    args = case.op_args()
+    assert cpu_native.applies(*args[:7], case.meta.seq_lens.tolist())
+    torch.testing.assert_close(cpu_native.decode(*args[:7], case.scale), expected, **FP32_TOL)
+    assert torch.equal(case.kv_cache, ref_case.kv_cache)
+
+
+@needs_cc
+def test_native_decode_rejects_out_of_range_blocks_without_writing():
+    case = make_case([(20, 1), (5, 1)], block_size=16, num_heads=4, num_kv_heads=2)
+    case.meta.block_tables[1, 0] = case.kv_cache.shape[1]  # one past the pool
+    before = case.kv_cache.clone()
+    with pytest.raises(ValueError, match="out of range"):
+        cpu_native.decode(*case.op_args()[:7], case.scale)
+    assert torch.equal(case.kv_cache, before)
+
+
+@needs_cc
+def test_native_decode_routing():
+    """The kernel takes float32 CPU decode batches up to MAX_CONTEXT_TOKENS of context."""
+    case = make_case([(40, 1), (9, 1)], block_size=16, num_heads=4, num_kv_heads=2)
+    args, lens = case.op_args()[:7], case.meta.seq_lens.tolist()
+    assert cpu_native.applies(*args, lens)
+    assert not cpu_native.applies(*case.to(dtype=torch.bfloat16).op_args()[:7], lens)
+    assert not cpu_native.applies(*args, [cpu_native.MAX_CONTEXT_TOKENS, 1])

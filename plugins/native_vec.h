@@ -1,0 +1,47 @@
+/* 8-lane float vectors for trtforge's CPU kernels (GCC/Clang vector extensions: AVX/AVX2 on
+ * x86-64 with -march=native, two NEON registers on ARM, plain loops elsewhere), and the few
+ * helpers the kernels share. No -ffast-math: every operation is IEEE float32.
+ */
+#ifndef TRTFORGE_NATIVE_VEC_H
+#define TRTFORGE_NATIVE_VEC_H
+
+#include <stdint.h>
+#include <string.h>
+
+typedef float v8f __attribute__((vector_size(32)));
+typedef int32_t v8i __attribute__((vector_size(32)));
+
+static inline v8f v8_load(const float *p) { v8f v; memcpy(&v, p, sizeof v); return v; }
+static inline void v8_store(float *p, v8f v) { memcpy(p, &v, sizeof v); }
+static inline v8f v8_splat(float x) { return (v8f){x, x, x, x, x, x, x, x}; }
+
+/* Lanes where mask is all ones take a, others b. */
+static inline v8f v8_select(v8i mask, v8f a, v8f b) { return (v8f)(((v8i)a & mask) | ((v8i)b & ~mask)); }
+
+static inline float v8_sum(v8f v) {
+    return ((v[0] + v[4]) + (v[1] + v[5])) + ((v[2] + v[6]) + (v[3] + v[7]));
+}
+
+/* exp(x) lane-wise, Cephes' single-precision algorithm (relative error ~2e-7): x = n ln2 + r,
+ * exp(r) by a degree-6 polynomial, 2^n through the exponent bits. NaN stays NaN; inputs are
+ * clamped to [-87.3, 88.37], so exp(-inf) gives ~1e-38 rather than 0 (harmless next to softmax
+ * sums of at least 1 and silu's 1 + exp(-x)). */
+static inline v8f v8_exp(v8f x) {
+    x = v8_select(x > v8_splat(88.3762626647949f), v8_splat(88.3762626647949f), x);
+    x = v8_select(x < v8_splat(-87.3365478515625f), v8_splat(-87.3365478515625f), x);
+    v8f fx = x * 1.44269504088896341f + 0.5f;
+    v8f tr = __builtin_convertvector(__builtin_convertvector(fx, v8i), v8f); /* toward zero */
+    fx = v8_select(tr > fx, tr - 1.0f, tr);                                   /* floor */
+    x = x - fx * 0.693359375f - fx * -2.12194440e-4f;
+    v8f y = v8_splat(1.9875691500e-4f);
+    y = y * x + 1.3981999507e-3f;
+    y = y * x + 8.3334519073e-3f;
+    y = y * x + 4.1665795894e-2f;
+    y = y * x + 1.6666665459e-1f;
+    y = y * x + 5.0000001201e-1f;
+    y = y * (x * x) + x + 1.0f;
+    v8i n = (__builtin_convertvector(fx, v8i) + 127) << 23;
+    return y * (v8f)n;
+}
+
+#endif

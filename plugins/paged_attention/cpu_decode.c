@@ -1,0 +1,161 @@
+/* Paged-KV decode attention for float32 on CPU: the KV write and the attention of sequences that
+ * each add one token, in one call (cpu_native.py says when it is used; reference.py holds the
+ * contract it must match).
+ *
+ * Per sequence b and KV head h, the G = Hq / Hkv query heads that share h are done together, so
+ * each cached K and V row is read once (GQA):
+ *   1. store the new k/v rows at slot_mapping[b] (pool layout [2, num_blocks, bs, Hkv, D]);
+ *   2. s[g, j] = scale * q_g . K_j for every position j < L, walking the block table;
+ *   3. p[g, j] = exp(s[g, j] - max_j s[g, j]);  out_g = sum_j p[g, j] V_j / sum_j p[g, j].
+ * Two passes over the context (scores, then values); scores live in a per-thread scratch buffer.
+ * q, k, v may be views into a fused qkv activation: token b's heads start at b * {q,k,v}_stride
+ * and are contiguous within the token.
+ * head_dim must be a multiple of 8 (the caller checks).
+ *
+ * Returns 0, or -1 when a block id, slot or length is out of range: everything is checked before
+ * anything is written, and nothing is read or written out of bounds (the caller raises).
+ */
+#include <math.h>
+#include <stdlib.h>
+
+#include "native_vec.h"
+
+static _Thread_local float *scratch;
+static _Thread_local size_t scratch_len;
+
+static float *scores_buffer(size_t n) {
+    if (n > scratch_len) {
+        free(scratch);
+        scratch = malloc(n * sizeof(float));
+        scratch_len = scratch ? n : 0;
+    }
+    return scratch;
+}
+
+/* s[g * s_stride + i] = scale * q_g . k_i for the `group` query heads q_g and the n keys
+ * k_i = k + i * row of one block, four keys at a time: each q chunk is loaded once per four
+ * keys, and the four sums are independent dependency chains. */
+static void block_scores(const float *q, const float *k, int64_t n, int64_t row, int64_t group,
+                         int64_t head_dim, float scale, float *s, int64_t s_stride) {
+    for (int64_t g = 0; g < group; g++) {
+        const float *qg = q + g * head_dim;
+        float *sg = s + g * s_stride;
+        int64_t i = 0;
+        for (; i + 4 <= n; i += 4) {
+            const float *k0 = k + i * row, *k1 = k0 + row, *k2 = k1 + row, *k3 = k2 + row;
+            v8f a0 = v8_splat(0.0f), a1 = a0, a2 = a0, a3 = a0;
+            for (int64_t d = 0; d < head_dim; d += 8) {
+                const v8f qd = v8_load(qg + d);
+                a0 += qd * v8_load(k0 + d);
+                a1 += qd * v8_load(k1 + d);
+                a2 += qd * v8_load(k2 + d);
+                a3 += qd * v8_load(k3 + d);
+            }
+            sg[i] = v8_sum(a0) * scale;
+            sg[i + 1] = v8_sum(a1) * scale;
+            sg[i + 2] = v8_sum(a2) * scale;
+            sg[i + 3] = v8_sum(a3) * scale;
+        }
+        for (; i < n; i++) {
+            v8f acc = v8_splat(0.0f);
+            for (int64_t d = 0; d < head_dim; d += 8) acc += v8_load(qg + d) * v8_load(k + i * row + d);
+            sg[i] = v8_sum(acc) * scale;
+        }
+    }
+}
+
+/* out_g += sum_i p[g * p_stride + i] v_i for the n values v_i = v + i * row of one block, four
+ * values per pass over out_g. */
+static void block_values(const float *p, const float *v, int64_t n, int64_t row, int64_t group,
+                         int64_t head_dim, int64_t p_stride, float *out) {
+    for (int64_t g = 0; g < group; g++) {
+        const float *pg = p + g * p_stride;
+        float *og = out + g * head_dim;
+        int64_t i = 0;
+        for (; i + 4 <= n; i += 4) {
+            const float *v0 = v + i * row, *v1 = v0 + row, *v2 = v1 + row, *v3 = v2 + row;
+            const v8f p0 = v8_splat(pg[i]), p1 = v8_splat(pg[i + 1]), p2 = v8_splat(pg[i + 2]), p3 = v8_splat(pg[i + 3]);
+            for (int64_t d = 0; d < head_dim; d += 8)
+                v8_store(og + d, v8_load(og + d) + ((p0 * v8_load(v0 + d) + p1 * v8_load(v1 + d)) +
+                                                    (p2 * v8_load(v2 + d) + p3 * v8_load(v3 + d))));
+        }
+        for (; i < n; i++) {
+            const v8f pi = v8_splat(pg[i]);
+            for (int64_t d = 0; d < head_dim; d += 8) v8_store(og + d, v8_load(og + d) + pi * v8_load(v + i * row + d));
+        }
+    }
+}
+
+/* Softmax of s[0..n) in place. */
+static void softmax(float *s, int64_t n) {
+    float m = s[0], total = 0.0f;
+    for (int64_t j = 1; j < n; j++) m = s[j] > m ? s[j] : m;
+    int64_t j = 0;
+    v8f sums = v8_splat(0.0f);
+    for (; j + 8 <= n; j += 8) {
+        v8f e = v8_exp(v8_load(s + j) - m);
+        v8_store(s + j, e);
+        sums += e;
+    }
+    for (; j < n; j++) {
+        s[j] = expf(s[j] - m);
+        total += s[j];
+    }
+    const float inv = 1.0f / (v8_sum(sums) + total);
+    for (j = 0; j < n; j++) s[j] *= inv;
+}
+
+/* Position j of the context lives at slot table[j / block_size] * block_size + j % block_size;
+ * the loops walk block by block (no division per position: a 64-bit divide costs ~40 cycles). */
+/* Position j of the context lives at slot table[j / block_size] * block_size + j % block_size;
+ * the loops walk block by block (no division per position: a 64-bit divide costs ~40 cycles). */
+static void attend(const float *q, const float *key_pool, const float *value_pool, const int32_t *table,
+                   int64_t len, int64_t block_size, int64_t row, int64_t group, int64_t head_dim,
+                   float scale, float *s, float *out) {
+    for (int64_t start = 0, b = 0; start < len; start += block_size, b++) {
+        const int64_t n = len - start < block_size ? len - start : block_size;
+        block_scores(q, key_pool + (int64_t)table[b] * block_size * row, n, row, group, head_dim, scale,
+                     s + start, len);
+    }
+    for (int64_t g = 0; g < group; g++) softmax(s + g * len, len);
+    memset(out, 0, group * head_dim * sizeof(float));
+    for (int64_t start = 0, b = 0; start < len; start += block_size, b++) {
+        const int64_t n = len - start < block_size ? len - start : block_size;
+        block_values(s + start, value_pool + (int64_t)table[b] * block_size * row, n, row, group, head_dim,
+                     len, out);
+    }
+}
+
+int trtforge_decode_attention(const float *q, int64_t q_stride, const float *k, int64_t k_stride,
+                              const float *v, int64_t v_stride, float *pool,
+                              int64_t num_blocks, int64_t block_size, const int64_t *slot_mapping,
+                              const int32_t *block_tables, int64_t table_width,
+                              const int32_t *seq_lens, float *out, int64_t num_seqs,
+                              int64_t num_heads, int64_t num_kv_heads, int64_t head_dim,
+                              float scale) {
+    const int64_t group = num_heads / num_kv_heads;
+    const int64_t row = num_kv_heads * head_dim; /* floats per slot */
+    const int64_t num_slots = num_blocks * block_size;
+    float *key_pool = pool, *value_pool = pool + num_slots * row;
+    for (int64_t b = 0; b < num_seqs; b++) {
+        const int64_t len = seq_lens[b], slot = slot_mapping[b];
+        if (len < 1 || len > table_width * block_size || slot < 0 || slot >= num_slots) return -1;
+        const int32_t *table = block_tables + b * table_width;
+        for (int64_t i = 0; i < (len + block_size - 1) / block_size; i++)
+            if (table[i] < 0 || table[i] >= num_blocks) return -1;
+    }
+    for (int64_t b = 0; b < num_seqs; b++) {
+        memcpy(key_pool + slot_mapping[b] * row, k + b * k_stride, row * sizeof(float));
+        memcpy(value_pool + slot_mapping[b] * row, v + b * v_stride, row * sizeof(float));
+    }
+    for (int64_t b = 0; b < num_seqs; b++) {
+        const int64_t len = seq_lens[b];
+        float *s = scores_buffer((size_t)(group * len));
+        if (!s) return -1;
+        for (int64_t h = 0; h < num_kv_heads; h++)
+            attend(q + b * q_stride + h * group * head_dim, key_pool + h * head_dim,
+                   value_pool + h * head_dim, block_tables + b * table_width, len, block_size, row,
+                   group, head_dim, scale, s, out + (b * num_heads + h * group) * head_dim);
+    }
+    return 0;
+}

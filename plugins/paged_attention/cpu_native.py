@@ -1,0 +1,70 @@
+"""The C decode kernel (`cpu_decode.c`) behind the CPU attention path, and when to use it.
+
+`cpu.paged_attention` calls `decode` for a pure-decode step in float32 on CPU. The kernel does
+the KV write and the attention of every sequence in one call, single-threaded: for a batch-1
+step that replaces ~20 ATen ops per layer (index_copy_, index_select gathers, transposes, SDPA)
+with one ~2 µs ctypes call plus the arithmetic. Past `MAX_CONTEXT_TOKENS` tokens of context in
+the batch the two-thread SDPA path is faster and takes over (measured by
+scripts/bench_attention_cpu.py).
+"""
+
+from __future__ import annotations
+
+import ctypes
+from pathlib import Path
+
+import torch
+
+from .. import native
+
+MAX_CONTEXT_TOKENS = 4096
+"""Largest sum of context lengths in a decode batch that the single-threaded kernel takes."""
+
+_P, _I, _F = ctypes.c_void_p, ctypes.c_int64, ctypes.c_float
+_SIGNATURES = {"trtforge_decode_attention": (ctypes.c_int, [_P, _I, _P, _I, _P, _I, _P, _I, _I, _P, _P, _I,
+                                                            _P, _P, _I, _I, _I, _I, _F])}
+
+
+_SOURCE = Path(__file__).with_name("cpu_decode.c")
+_library: ctypes.CDLL | None | bool = False  # False = not loaded yet
+
+
+def library() -> ctypes.CDLL | None:
+    """The compiled kernel, or None where it cannot be built (then the torch path runs)."""
+    global _library
+    if _library is False:
+        _library = native.load(_SOURCE, _SIGNATURES)
+    return _library
+
+
+def _rows_dense(t: torch.Tensor) -> bool:
+    """[T, H, D] with each token's heads contiguous (token stride free: views of a fused qkv)."""
+    return t.stride(2) == 1 and t.stride(1) == t.shape[2]
+
+
+def applies(q, k, v, kv_cache, slot_mapping, block_tables, seq_lens, lens: list[int]) -> bool:
+    """Whether `decode` can take this pure-decode call (dtypes, layouts, size) — else the torch path."""
+    f32 = torch.float32
+    return (q.dtype is f32 and kv_cache.dtype is f32 and k.dtype is f32 and v.dtype is f32
+            and q.is_cpu and q.shape[2] % 8 == 0 and slot_mapping.dtype is torch.int64
+            and block_tables.dtype is torch.int32 and seq_lens.dtype is torch.int32
+            and sum(lens) <= MAX_CONTEXT_TOKENS and library() is not None
+            and _rows_dense(q) and _rows_dense(k) and _rows_dense(v) and kv_cache.is_contiguous()
+            and block_tables.is_contiguous() and seq_lens.is_contiguous() and slot_mapping.is_contiguous())
+
+
+def decode(q, k, v, kv_cache, slot_mapping, block_tables, seq_lens, scale: float) -> torch.Tensor:
+    """KV write + attention for T = S sequences of one new token each: q [S, Hq, D] -> [S, Hq, D]."""
+    num_seqs, num_heads, head_dim = q.shape
+    _, num_blocks, block_size, num_kv_heads, _ = kv_cache.shape
+    out = torch.empty_like(q)
+    status = _library.trtforge_decode_attention(  # type: ignore[union-attr]  (applies() loaded it)
+        q.data_ptr(), q.stride(0), k.data_ptr(), k.stride(0), v.data_ptr(), v.stride(0),
+        kv_cache.data_ptr(), num_blocks, block_size,
+        slot_mapping.data_ptr(), block_tables.data_ptr(), block_tables.shape[1], seq_lens.data_ptr(),
+        out.data_ptr(), num_seqs, num_heads, num_kv_heads, head_dim, scale)
+    if status != 0:
+        raise ValueError(f"decode attention: a block id, slot or sequence length is out of range "
+                         f"(seq_lens={seq_lens.tolist()}, slot_mapping={slot_mapping.tolist()}, "
+                         f"{num_blocks} blocks of {block_size}, block table width {block_tables.shape[1]})")
+    return out
