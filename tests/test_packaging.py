@@ -20,7 +20,10 @@ def test_wheel_has_no_generic_top_level_names(tmp_path):
     assert tops == {"trtforge", wheel.name.split("-")[0] + "-" + wheel.name.split("-")[1] + ".dist-info"}
     names = zipfile.ZipFile(wheel).namelist()
     for module in ("trtforge/builder/network.py", "trtforge/plugins/paged_attention/op.py",
-                   "trtforge/serving/engine.py", "trtforge/serving/triton/model.py"):
+                   "trtforge/serving/engine.py", "trtforge/serving/triton/model.py",
+                   # the native CPU kernels' sources, built at first use
+                   "trtforge/builder/cpu_fused.c", "trtforge/builder/cpu_linear.c",
+                   "trtforge/plugins/native_vec.h", "trtforge/plugins/paged_attention/cpu_decode.c"):
         assert module in names
     assert not any(n.startswith("trtforge/__init__") for n in names), "trtforge must stay a namespace package"
 

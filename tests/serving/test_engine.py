@@ -183,7 +183,13 @@ def test_logprobs_match_transformers(dirs, engine):
 
     (blocking,) = engine.generate([PROMPT], greedy(10, logprobs=3))
     assert blocking.output_token_ids == tokens
-    assert blocking.logprobs == logprobs and blocking.top_logprobs == tops  # every token's, not the last
+    # Every token's, not the last. Not bit-identical: this run finds the prompt in the prefix cache,
+    # so its tokens go through products of other row counts (C GEMV vs oneDNN, another summation
+    # order) — the same ~1e-7 float32 rounding differences vLLM has across batch shapes.
+    assert blocking.logprobs == pytest.approx(logprobs, abs=1e-5)
+    assert [[t for t, _ in top] for top in blocking.top_logprobs] == [[t for t, _ in top] for top in tops]
+    torch.testing.assert_close(torch.tensor([[lp for _, lp in top] for top in blocking.top_logprobs]),
+                               torch.tensor([[lp for _, lp in top] for top in tops]), atol=1e-5, rtol=0)
 
     (plain,) = engine.generate([PROMPT], greedy(3))
     assert plain.logprobs is None and plain.cum_logprob is None
