@@ -14,6 +14,7 @@ from trtforge.builder.engine_dir import EngineConfig
 from trtforge.builder.cpu_linear import cpu_linears_wanted, use_cpu_linears
 from trtforge.builder.loader import load_network, torch_dtype
 
+from .cpu_decode_plan import CpuDecodePlan
 from .model_inputs import ModelInputs
 
 
@@ -48,10 +49,15 @@ class NetworkExecutor:
             self.graphs = CudaGraphRunner(network, self.kv_caches, cuda_graph_batch_sizes,
                                           -(-cfg.max_seq_len // cfg.block_size), num_blocks, cfg.block_size)
 
+        self.cpu_plan = CpuDecodePlan.build(network, self.kv_caches) if self.device.type == "cpu" else None
+        """Small float32 decode steps on CPU as a fixed list of C kernel calls (cpu_decode_plan.py)."""
+
     @torch.inference_mode()
     def execute(self, inputs: ModelInputs) -> torch.Tensor:
         if self.graphs is not None and self.graphs.can_run(inputs):
             return self.graphs.run(inputs)
+        if self.cpu_plan is not None and self.cpu_plan.can_run(inputs):
+            return self.cpu_plan.run(inputs)
         return self.network(inputs.input_ids, inputs.positions, self.kv_caches, inputs.meta,
                             inputs.logits_indices)
 
