@@ -52,6 +52,22 @@ class NetworkExecutor:
         self.cpu_plan = CpuDecodePlan.build(network, self.kv_caches) if self.device.type == "cpu" else None
         """Small float32 decode steps on CPU as a fixed list of C kernel calls (cpu_decode_plan.py)."""
 
+    def describe(self) -> str:
+        """Which execution paths this executor uses, for the startup log."""
+        parts = [f"{self.device.type}, {self.kv_caches[0].dtype}".replace("torch.", "")]
+        if self.graphs is not None:
+            parts.append(f"CUDA graphs for decode batches {self.graphs.batch_sizes}")
+        if self.device.type == "cpu":
+            from trtforge.builder import cpu_fused, cpu_linear
+            from trtforge.plugins.paged_attention import cpu_native
+
+            native = {"fused ops": cpu_fused.library(), "GEMV": cpu_linear.library(),
+                      "decode attention": cpu_native.library()}
+            parts.append("C kernels: " + ", ".join(f"{k} {'on' if v is not None else 'OFF'}"
+                                                   for k, v in native.items()))
+            parts.append("CPU decode plan: " + ("on" if self.cpu_plan is not None else "off"))
+        return "; ".join(parts)
+
     @torch.inference_mode()
     def execute(self, inputs: ModelInputs) -> torch.Tensor:
         if self.graphs is not None and self.graphs.can_run(inputs):

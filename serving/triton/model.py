@@ -64,6 +64,9 @@ class TritonPythonModel:
         self.engine = LLMEngine.from_engine_dir(
             str(engine_dir), device=parameters.get(P.DEVICE, "cpu") or "cpu",
             kv_cache_memory=parameters.get(P.KV_CACHE_MEMORY) or None, **scheduler)
+        describe = getattr(self.engine.executor, "describe", None)
+        if describe is not None:
+            pb_utils.Logger.log_info(f"trtforge engine {engine_dir}: {describe()}")
         self.exclude_input_default = P.from_parameter(
             P.EXCLUDE_INPUT_DEFAULT, parameters.get(P.EXCLUDE_INPUT_DEFAULT, "false"), bool)
         self.drain_timeout_s = float(parameters.get(P.DRAIN_TIMEOUT, "5") or 5)
