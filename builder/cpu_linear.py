@@ -4,12 +4,17 @@ Why not `F.linear`: PyTorch's CPU `F.linear` calls MKL, whose fp32 GEMM for LLM 
 AMD processors and barely uses a second thread (2-core AMD EPYC, [16 × 896] × [896 × 9728]:
 14.2 ms vs 6.1 ms through oneDNN; 3.8 vs 2.0 ms at one row).
 
-Why a C GEMV for up to `GEMV_MAX_ROWS` rows (`cpu_linear.c`): a decode step only streams the
-weights, and oneDNN's kernel for a handful of rows re-reads them: on the same machine, 12 layers of
-Qwen2.5-0.5B's linears (0.45 GB) took 42 / 81 / 88 / 102 ms for 1 / 2 / 4 / 8 rows through oneDNN
-and 41 / 46 / 55 / 77 ms through the C kernel, which reads each weight once for all rows (at 16
-rows they meet: 114 vs 111 ms). Its small products (qkv, o_proj: 3–4 MB) also run nearer memory
-speed than oneDNN's.
+Why a C GEMV for up to `GEMV_MAX_ROWS` rows (`cpu_linear.c`): a decode step mostly streams the
+weights, and oneDNN's kernel for a handful of rows re-reads them. Measured on that machine, 6 layers
+of Qwen2.5-0.5B's linears (0.23 GB), oneDNN vs the C kernel, ms:
+
+    rows               1     8    16    24    32    48
+    2 threads  oneDNN 25.8  56.3  68.6  81.2  87.5  99.8
+               C      20.3  32.4  48.9  66.0  73.3  87.6
+    1 thread   oneDNN 31.4  80.5 103   125   131   167
+               C      27.1  53.2  76.3  99.9 134   184
+
+Its small products (qkv, o_proj: 3–4 MB) also run nearer memory speed than oneDNN's.
 
 Why dense weights: oneDNN's `_linear_pointwise` takes the plain [N, K] weight as fast as one
 pre-packed into its blocked layout (`_reorder_linear_weight`; measured equal within noise from 1
@@ -34,8 +39,9 @@ from trtforge.plugins import native
 from .cpu_fused import native_ok
 
 ENV_VAR = "TRTFORGE_CPU_ONEDNN"
-GEMV_MAX_ROWS = 8
-"""Most rows (tokens) a product sends to the C kernel; more go to oneDNN (measured crossover ~16)."""
+GEMV_MAX_ROWS = 32
+"""Most rows (tokens) a product sends to the C kernel; more go to oneDNN (measured crossover: ~48
+rows with 2 threads, ~30 with 1)."""
 
 _P, _I = ctypes.c_void_p, ctypes.c_int64
 _SIGNATURES = {"trtforge_gemv": (None, [_P, _I, _P, _P, _P, _I, _I, _I])}
@@ -46,7 +52,7 @@ _library: ctypes.CDLL | None | bool = False  # False = not loaded yet
 def library() -> ctypes.CDLL | None:
     global _library
     if _library is False:
-        _library = native.load(_SOURCE, _SIGNATURES, openmp=True)
+        _library = native.load(_SOURCE, _SIGNATURES, extra_flags=("-fopenmp", "-ffp-contract=fast"))
     return _library
 
 

@@ -56,9 +56,9 @@ def _compiler() -> list[str] | None:
     return cc if cc and shutil.which(cc[0]) else None
 
 
-def build(source: Path, openmp: bool = False) -> Path:
-    """Compile `source` into the cache (once per source/compiler/CPU); returns the .so path.
-    openmp: compile with -fopenmp (the library then shares torch's libgomp.so.1 thread pool).
+def build(source: Path, extra_flags: tuple[str, ...] = ()) -> Path:
+    """Compile `source` into the cache (once per source/compiler/flags/CPU); returns the .so path.
+    extra_flags: e.g. -fopenmp (the library then shares torch's libgomp.so.1 thread pool).
 
     Raises RuntimeError with the compiler's output when there is no compiler or the build fails."""
     cc = _compiler()
@@ -66,7 +66,7 @@ def build(source: Path, openmp: bool = False) -> Path:
         raise RuntimeError(f"no C compiler found (tried {os.environ.get('CC', 'cc')!r}; set CC)")
     include = Path(__file__).parent  # native_vec.h and any other shared header
     text = source.read_bytes() + b"".join(h.read_bytes() for h in sorted(include.glob("*.h")))
-    flags = (*CFLAGS, "-fopenmp") if openmp else CFLAGS
+    flags = (*CFLAGS, *extra_flags)
     key = hashlib.sha256(text + repr((cc, flags)).encode() + _cpu_flags().encode()).hexdigest()[:16]
     out = cache_dir() / f"{source.stem}-{key}.so"
     if out.exists():
@@ -89,7 +89,7 @@ def build(source: Path, openmp: bool = False) -> Path:
 
 
 def load(source: Path, signatures: dict[str, tuple[object, list[object]]],
-         openmp: bool = False) -> ctypes.CDLL | None:
+         extra_flags: tuple[str, ...] = ()) -> ctypes.CDLL | None:
     """The compiled library of `source` with `signatures` ({name: (restype, argtypes)}) applied,
     or None when native kernels are disabled or cannot be built (the reason is logged once)."""
     name = str(source)
@@ -100,7 +100,7 @@ def load(source: Path, signatures: dict[str, tuple[object, list[object]]],
         log.info("native CPU kernels disabled (%s=0): using the torch path", ENV_VAR)
     else:
         try:
-            lib = ctypes.CDLL(str(build(source, openmp)))
+            lib = ctypes.CDLL(str(build(source, extra_flags)))
             for fn, (restype, argtypes) in signatures.items():
                 getattr(lib, fn).restype = restype
                 getattr(lib, fn).argtypes = argtypes

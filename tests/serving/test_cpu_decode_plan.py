@@ -22,7 +22,7 @@ pytestmark = pytest.mark.skipif(native._compiler() is None,
 def _engine(tmp_path, variant: str) -> LLMEngine:
     ckpt = make_variant(tmp_path / "ckpt", variant)
     out, _ = build_engine(str(ckpt), tmp_path / "engine",
-                          BuildConfig(dtype="float32", max_batch_size=16, kv_cache_memory="8MiB"), progress=False)
+                          BuildConfig(dtype="float32", max_batch_size=64, kv_cache_memory="8MiB"), progress=False)
     return LLMEngine.from_engine_dir(out)
 
 
