@@ -6,8 +6,9 @@ triton-inference-server/vllm_backend):
 * `execute()` only parses each request and queues it, then returns: Triton keeps calling it
   while earlier requests are still generating, which is what lets the engine batch them.
 * One engine thread owns the engine (it is not thread-safe): it admits queued requests, runs
-  `step()`, sends each request's responses, aborts cancelled ones (freeing their KV blocks) and
-  updates the metrics.
+  `step()`, builds each request's responses, aborts cancelled ones (freeing their KV blocks) and
+  updates the metrics. A response thread sends the responses, in order, so the IPC of sending
+  overlaps the next step's kernels; a client found gone there is aborted by the engine thread.
 * A bad request gets an error response of its own; the others continue. A failing `step()`
   fails the requests in flight, not the model.
 * `finalize()` stops accepting work, lets in-flight requests finish (up to
@@ -78,6 +79,13 @@ class TritonPythonModel:
         self._stop = threading.Event()
         self._lock = threading.Lock()  # guards _accepting against execute() during finalize()
         self._next_id = 0
+        # Responses go out from their own thread, in order: a send is an IPC round trip to the
+        # server, and while the engine thread is inside a kernel (which releases the GIL) the
+        # sender thread can do it on the other core instead of adding it to the next step.
+        self._outbox: queue.Queue = queue.Queue()
+        self._gone: queue.Queue = queue.Queue()  # request ids whose client went away mid-stream
+        self._sender_thread = threading.Thread(target=self._send_loop, name="trtforge-responses", daemon=True)
+        self._sender_thread.start()
         self._thread = threading.Thread(target=self._engine_loop, name="trtforge-engine",
                                         daemon=True)
         self._thread.start()
@@ -106,6 +114,8 @@ class TritonPythonModel:
             time.sleep(0.05)
         self._stop.set()
         self._thread.join(timeout=30)
+        self._outbox.put(None)  # after the engine thread's last responses: send them, then stop
+        self._sender_thread.join(timeout=30)
 
     # -- engine thread -------------------------------------------------------------------------
     def _engine_loop(self) -> None:
@@ -138,7 +148,7 @@ class TritonPythonModel:
             try:
                 self.engine.add_request(parsed.prompt, parsed.params, request_id=request_id)
             except ValueError as exc:  # prompt too long, bad stop words, …: this request only
-                _send_error(sender, f"bad request: {exc}")
+                self._send(None, sender, _error_response(f"bad request: {exc}"), FINAL)
             else:
                 self._active[request_id] = _Active(parsed, sender)
             try:
@@ -147,6 +157,11 @@ class TritonPythonModel:
                 item = None
 
     def _abort_cancelled(self) -> None:
+        while True:  # clients the sender thread found gone
+            try:
+                self._abort(self._gone.get_nowait(), send_final=False)
+            except queue.Empty:
+                break
         for request_id, active in list(self._active.items()):
             if active.sender.is_cancelled():
                 self._abort(request_id, send_final=True)
@@ -155,13 +170,24 @@ class TritonPythonModel:
         active = self._active.pop(request_id, None)
         self.engine.abort(request_id)  # frees its KV blocks now
         if active is not None and send_final:
-            _try_send(active.sender, None, FINAL)
+            self._send(None, active.sender, None, FINAL)
 
     def _fail_all(self, message: str) -> None:
         for request_id in list(self._active):
             active = self._active.pop(request_id)
             self.engine.abort(request_id)
-            _send_error(active.sender, message)
+            self._send(None, active.sender, _error_response(message), FINAL)
+
+    # -- response thread -----------------------------------------------------------------------
+    def _send(self, request_id: str | None, sender: Any, response: Any, flags: int) -> None:
+        """Queue a response; request_id (None: nothing to abort) is reported back if the client is gone."""
+        self._outbox.put((request_id, sender, response, flags))
+
+    def _send_loop(self) -> None:
+        while (item := self._outbox.get()) is not None:
+            request_id, sender, response, flags = item
+            if not _try_send(sender, response, flags) and request_id is not None:
+                self._gone.put(request_id)
 
     def _dispatch(self, output: Any) -> None:
         active = self._active.get(output.request_id)
@@ -169,7 +195,8 @@ class TritonPythonModel:
             return
         if output.error or output.finish_reason in ("error", "abort"):
             self._active.pop(output.request_id)
-            _send_error(active.sender, output.error or f"request {output.finish_reason}ed")
+            self._send(None, active.sender, _error_response(output.error or f"request {output.finish_reason}ed"),
+                       FINAL)
             return
         new_logprobs = list(output.logprobs or [])
         active.logprobs.extend(new_logprobs)
@@ -181,8 +208,7 @@ class TritonPythonModel:
         response = self._response(active, output, new_logprobs)
         flags = FINAL if output.finished else 0
         if response is not None or flags:
-            if not _try_send(active.sender, response, flags) and not output.finished:
-                self._abort(output.request_id, send_final=False)  # client is gone
+            self._send(None if output.finished else output.request_id, active.sender, response, flags)
 
     def _response(self, active: _Active, output: Any, new_logprobs: list[float]) -> Any:
         """The response to send for this output, or None if there is nothing to send yet."""
@@ -233,5 +259,9 @@ def _try_send(sender: Any, response: Any, flags: int) -> bool:
         return False
 
 
+def _error_response(message: str) -> Any:
+    return pb_utils.InferenceResponse(error=pb_utils.TritonError(message))
+
+
 def _send_error(sender: Any, message: str) -> None:
-    _try_send(sender, pb_utils.InferenceResponse(error=pb_utils.TritonError(message)), FINAL)
+    _try_send(sender, _error_response(message), FINAL)
