@@ -3,4 +3,10 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 bash scripts/setup.sh
+# The suite builds and tests the native CPU kernels (plugins/native.py): they need a C compiler. The
+# engine itself falls back to torch without one; the tests must not silently skip them instead.
+if ! command -v "${CC:-cc}" >/dev/null; then
+    echo "scripts/test.sh: no C compiler (${CC:-cc}); install gcc (e.g. apt-get install gcc) or set CC" >&2
+    exit 1
+fi
 exec .venv/bin/python -m pytest -q "$@"

@@ -9,10 +9,8 @@ import torch.nn.functional as F
 
 from trtforge.builder import cpu_linear
 from trtforge.builder.cpu_linear import GEMV_MAX_ROWS, CpuLinear
-from trtforge.plugins import native
 
 
-@pytest.mark.skipif(native._compiler() is None, reason="needs a C compiler (cc) to build the native CPU kernels")
 def test_gemv_builds_here():
     assert cpu_linear.library() is not None
 

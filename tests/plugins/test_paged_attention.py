@@ -12,7 +12,6 @@ import pytest
 import torch
 
 import trtforge.plugins.paged_attention as pa
-from trtforge.plugins import native
 from trtforge.plugins.paged_attention import cpu, cpu_native, op, reference
 from trtforge.plugins.paged_attention.testing import make_case
 
@@ -30,10 +29,6 @@ FP32_TOL = dict(atol=1e-5, rtol=1e-5)
 # the output's own rounding is ~4e-3 relative; SDPA may also round probabilities to bf16 before
 # the P@V product. 2e-2 covers both and still catches any wrong position or head (errors ~1).
 BF16_TOL = dict(atol=2e-2, rtol=2e-2)
-
-
-needs_cc = pytest.mark.skipif(native._compiler() is None,
-                              reason="needs a C compiler (cc) to build the native CPU kernels")
 
 
 @pytest.fixture
@@ -281,7 +276,6 @@ def test_torch_decode_path_matches_reference(scenario, block_size, torch_decode)
     torch.testing.assert_close(cpu.paged_attention(*case.op_args()), expected, **FP32_TOL)
 
 
-@needs_cc
 @pytest.mark.parametrize("head_dim", [8, 64])
 @pytest.mark.parametrize("group", [1, 2, 7])
 @pytest.mark.parametrize("block_size", [1, 16, 32])
@@ -299,7 +293,6 @@ def test_native_decode_matches_reference(block_size, group, head_dim):
     assert torch.equal(case.kv_cache, ref_case.kv_cache)
 
 
-@needs_cc
 def test_native_decode_rejects_out_of_range_blocks_without_writing():
     case = make_case([(20, 1), (5, 1)], block_size=16, num_heads=4, num_kv_heads=2)
     case.meta.block_tables[1, 0] = case.kv_cache.shape[1]  # one past the pool
@@ -309,7 +302,6 @@ def test_native_decode_rejects_out_of_range_blocks_without_writing():
     assert torch.equal(case.kv_cache, before)
 
 
-@needs_cc
 def test_native_decode_routing():
     """The kernel takes float32 CPU decode batches up to MAX_CONTEXT_TOKENS of context."""
     case = make_case([(40, 1), (9, 1)], block_size=16, num_heads=4, num_kv_heads=2)

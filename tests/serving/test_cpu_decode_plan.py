@@ -11,12 +11,9 @@ from tests.helpers.checkpoints import make_variant
 from trtforge.builder.build import build_engine
 from trtforge.builder.build_config import BuildConfig
 from trtforge.builder.cpu_linear import GEMV_MAX_ROWS
-from trtforge.plugins import native
 from trtforge.serving.engine import LLMEngine
 from trtforge.serving.sampling_params import SamplingParams
 
-pytestmark = pytest.mark.skipif(native._compiler() is None,
-                                reason="needs a C compiler (cc) to build the native CPU kernels")
 
 
 def _engine(tmp_path, variant: str) -> LLMEngine:
