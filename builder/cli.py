@@ -27,7 +27,7 @@ def _parse_schedule(items: tuple[str, ...]) -> dict[str, Any]:
 
 def _backend_hook(build: BuildConfig) -> Any:
     if build.backend == "tensorrt":
-        from .tensorrt_build import build_tensorrt, require_tensorrt
+        from .tensorrt.build import build_tensorrt, require_tensorrt
 
         require_tensorrt()  # fail before converting anything when TensorRT or the GPU is missing
         return build_tensorrt
@@ -74,7 +74,7 @@ def _validated_schedule(values: dict[str, Any], build: BuildConfig) -> dict[str,
     if not values:
         return values
     try:
-        from trtforge.serving.config import SchedulerConfig, ConfigError
+        from trtforge.serving.core.config import SchedulerConfig, ConfigError
     except ImportError:  # serving not installed: the runtime validates at load
         return values
     try:
@@ -84,7 +84,7 @@ def _validated_schedule(values: dict[str, Any], build: BuildConfig) -> dict[str,
 
 
 def _emit_repo(engine_dir: str, repo: str) -> None:
-    from trtforge.serving.triton.emit import emit_repo
+    from trtforge.model_repo.emit import emit_repo
 
     path = emit_repo(engine_dir, repo)
     click.echo(f"Triton model repository written to {path}")

@@ -19,7 +19,7 @@ import trtforge.plugins.paged_attention  # noqa: F401  (registers torch.ops.trtf
 from trtforge.plugins.paged_attention.metadata import AttentionMetadata
 from trtforge.plugins.paged_attention.op import eager_impl
 
-from . import cpu_fused
+from trtforge.plugins.cpu import fused as cpu_fused
 from .model_config import ModelConfig
 from .rope import apply_rotary, rotary_cos_sin
 
@@ -162,7 +162,7 @@ class CausalLM(nn.Module):
         if not cfg.tie_word_embeddings:
             self.lm_head = nn.Linear(cfg.hidden_size, cfg.vocab_size, bias=False)
         self.head_linear: nn.Module | None = None
-        """Set by builder/cpu_linear.py: the LM head as a CPU linear (C GEMV / oneDNN)."""
+        """Set by plugins/cpu/linear.py: the LM head as a CPU linear (C GEMV / oneDNN)."""
 
     def lm_head_weight(self) -> torch.Tensor:
         return self.embed_tokens.weight if self.cfg.tie_word_embeddings else self.lm_head.weight

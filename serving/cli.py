@@ -21,7 +21,7 @@ from trtforge.builder.cli import _parse_schedule, build_engine
 from trtforge.builder.config_docs import dataclass_options, pick
 from trtforge.builder.errors import BuildError
 
-from .sampling_params import SamplingParams
+from .core.sampling_params import SamplingParams
 
 _LIST_FIELDS = tuple(f.name for f in dataclasses.fields(SamplingParams) if "list" in str(f.type))
 
@@ -108,17 +108,16 @@ def generate(engine_dir: str, prompts: tuple[str, ...], prompts_file: str | None
 
 
 def _add_optional_commands() -> None:
-    """Sub-commands living next to what they drive (Triton, ONNX/TensorRT, benchmarks)."""
-    from trtforge.builder.onnx_cli import export_onnx_cmd, verify_onnx_cmd
-    from trtforge.serving.triton.cli import client_command, emit_repo_command, serve_command
+    """Sub-commands living next to what they drive: ONNX/TensorRT (builder), benchmarks (here), and
+    the Triton side (model_repo, a later stage: reached only from this entry point, lazily)."""
+    from trtforge.builder.tensorrt.cli import export_onnx_cmd, verify_onnx_cmd
+    from trtforge.model_repo.cli import bench_serve_command, client_command, emit_repo_command, serve_command
 
-    for cmd in (emit_repo_command, serve_command, client_command, export_onnx_cmd, verify_onnx_cmd):
+    from .bench.cli import bench
+
+    for cmd in (emit_repo_command, serve_command, client_command, export_onnx_cmd, verify_onnx_cmd, bench):
         main.add_command(cmd)
-    try:
-        from trtforge.serving.bench.cli import bench
-    except ImportError:  # the benchmark package is optional at this stage
-        return
-    main.add_command(bench)
+    bench.add_command(bench_serve_command)
 
 
 _add_optional_commands()

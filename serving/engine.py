@@ -25,16 +25,16 @@ from trtforge.builder.engine_dir import EngineConfig, read_engine_config
 from trtforge.builder.loader import load_tokenizer
 from trtforge.builder.report import kv_bytes_per_token
 
-from .config import SchedulerConfig
-from .cuda_graphs import DEFAULT_BATCH_SIZES
+from .core.config import SchedulerConfig
+from .worker.cuda_graphs import DEFAULT_BATCH_SIZES
 from .detokenizer import IncrementalDetokenizer
-from .executor import Executor, make_executor
-from .model_inputs import prepare_inputs
+from .worker.executor import Executor, make_executor
+from .worker.model_inputs import prepare_inputs
 from .outputs import RequestMetrics, RequestOutput
 from .sampler import Sampler, SamplingState
-from .sampling_params import SamplingParams
-from .scheduler import Scheduler, SchedulerOutput
-from .sequence import Sequence, SequenceStatus
+from .core.sampling_params import SamplingParams
+from .core.scheduler import Scheduler, SchedulerOutput
+from .core.sequence import Sequence, SequenceStatus
 from .stop_checker import StopChecker
 
 _STATUS = {"stop": SequenceStatus.FINISHED_STOPPED, "length": SequenceStatus.FINISHED_LENGTH,

@@ -22,7 +22,7 @@ from dataclasses import dataclass, field
 
 import torch
 
-from trtforge.serving.sampling_params import SamplingParams
+from trtforge.serving.core.sampling_params import SamplingParams
 
 _NEG_INF = float("-inf")
 

@@ -20,9 +20,10 @@ def test_wheel_has_no_generic_top_level_names(tmp_path):
     assert tops == {"trtforge", wheel.name.split("-")[0] + "-" + wheel.name.split("-")[1] + ".dist-info"}
     names = zipfile.ZipFile(wheel).namelist()
     for module in ("trtforge/builder/network.py", "trtforge/plugins/paged_attention/op.py",
-                   "trtforge/serving/engine.py", "trtforge/serving/triton/model.py",
+                   "trtforge/serving/engine.py", "trtforge/serving/core/scheduler.py",
+                   "trtforge/model_repo/emit.py", "trtforge/model_repo/ensemble/1/model.py",
                    # the native CPU kernels' sources, built at first use
-                   "trtforge/builder/cpu_fused.c", "trtforge/builder/cpu_linear.c",
+                   "trtforge/plugins/cpu/fused.c", "trtforge/plugins/cpu/linear.c",
                    "trtforge/plugins/native_vec.h", "trtforge/plugins/paged_attention/cpu_decode.c"):
         assert module in names
     assert not any(n.startswith("trtforge/__init__") for n in names), "trtforge must stay a namespace package"
@@ -30,7 +31,7 @@ def test_wheel_has_no_generic_top_level_names(tmp_path):
 
 def test_generic_names_not_importable_outside_the_repo():
     code = ("import importlib.util, sys; import trtforge.serving.engine; "
-            "sys.exit(any(importlib.util.find_spec(m) for m in ('builder', 'serving', 'plugins')))")
+            "sys.exit(any(importlib.util.find_spec(m) for m in ('builder', 'serving', 'plugins', 'model_repo')))")
     result = subprocess.run([sys.executable, "-c", code], cwd="/", capture_output=True, text=True)
     assert result.returncode == 0, result.stderr
 

@@ -111,7 +111,7 @@ def eager_impl(q: torch.Tensor) -> Callable[..., torch.Tensor]:
     """What a network should call for this layer: in plain eager execution the implementation
     function itself (the custom-op dispatcher costs ~175 µs a call on CPU, 4 % of a 0.5B decode
     step); while tracing, exporting, or when `torch.ops.trtforge.paged_attention` has been swapped
-    (builder/onnx_paged_attention.redirect_paged_attention), the op as it stands."""
+    (plugins/paged_attention/onnx_export.redirect_paged_attention), the op as it stands."""
     op = torch.ops.trtforge.paged_attention
     if (not isinstance(op, torch._ops.OpOverloadPacket) or torch.compiler.is_compiling()
             or torch.compiler.is_exporting() or is_fake(q) or torch.is_grad_enabled()):

@@ -12,7 +12,7 @@ Inputs and outputs are those of the ONNX node (DESIGN.md §3):
 `kv_cache_out` is *aliased* to `kv_cache` (`TensorDesc.aliased()`): TensorRT hands the plugin
 the same buffer for both and the Triton kernels update the pool in place, so the runtime binds
 `kv_cache_{i}` and `kv_cache_out_{i}` to one allocation. That needs the builder preview feature
-ALIASED_PLUGIN_IO_10_03 (tensorrt_build.py sets it).
+ALIASED_PLUGIN_IO_10_03 (builder/tensorrt/build.py sets it).
 
 The implementation launches the OpenAI-Triton kernels of `triton_kernels.py` on TensorRT's
 stream. The kernels want host-side maxima (max new tokens per sequence, longest context) to size

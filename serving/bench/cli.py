@@ -49,5 +49,3 @@ def offline(checkpoint: str, engine_dir: str, json_path: str | None, plot_path: 
         plot_seed_experiment(report, plot_path)
         click.echo(f"plot: {plot_path}")
 
-from .serve import serve  # noqa: E402 - `trtforge bench serve` (serving benchmark)
-bench.add_command(serve)

@@ -25,7 +25,7 @@ import torch
 
 from trtforge.builder.report import kv_bytes_per_token
 from trtforge.serving.engine import LLMEngine
-from trtforge.serving.sampling_params import SamplingParams
+from trtforge.serving.core.sampling_params import SamplingParams
 
 from . import baselines
 from .workload import BenchRequest, Stopwatch, SystemResult, make_workload

@@ -14,10 +14,10 @@ from tests.helpers.checkpoints import VARIANTS, make_variant
 from trtforge.builder.build import build_engine
 from trtforge.builder.build_config import BuildConfig
 from trtforge.serving.engine import LLMEngine
-from trtforge.serving.model_inputs import prepare_inputs
-from trtforge.serving.sampling_params import SamplingParams
-from trtforge.serving.scheduler import ScheduledChunk, SchedulerOutput
-from trtforge.serving.sequence import Sequence
+from trtforge.serving.worker.model_inputs import prepare_inputs
+from trtforge.serving.core.sampling_params import SamplingParams
+from trtforge.serving.core.scheduler import ScheduledChunk, SchedulerOutput
+from trtforge.serving.core.sequence import Sequence
 
 DEVICE = os.environ.get("TRTFORGE_TEST_DEVICE", "cpu")
 PROMPT_LENGTHS = (3, 17, 33, 50)  # cross 16-token block boundaries; one shorter than a block

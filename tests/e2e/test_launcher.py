@@ -17,7 +17,7 @@ import urllib.request
 
 import pytest
 
-from trtforge.serving.triton.launcher import TritonServer, find_tritonserver
+from trtforge.model_repo.launcher import TritonServer, find_tritonserver
 
 from tests.e2e.helpers import BIN
 
@@ -38,7 +38,7 @@ ECHO_MODEL = textwrap.dedent('''
     import sys
     import numpy as np
     import triton_python_backend_utils as pb_utils
-    import trtforge.serving.triton as pkg
+    import trtforge.model_repo as pkg
 
     class TritonPythonModel:
         def execute(self, requests):
@@ -75,7 +75,7 @@ def test_bare_server_runs_models_with_this_interpreter(echo_repo, tmp_path):
         first, echoed, bang = _stream(server.http_url, "héllo")
     prefix, package, _ = first.split("|")
     assert prefix == sys.prefix  # the venv, so trtforge and torch import inside models
-    import trtforge.serving.triton as pkg
+    import trtforge.model_repo as pkg
 
     assert package == pkg.__file__
     assert (echoed, bang) == ("héllo", "!")

@@ -17,9 +17,9 @@ from pathlib import Path
 import pytest
 from google.protobuf import text_format
 
-from trtforge.serving.triton import client
-from trtforge.serving.triton.emit import read_config
-from trtforge.serving.triton.launcher import TritonServer
+from trtforge.model_repo import client
+from trtforge.model_repo.emit import read_config
+from trtforge.model_repo.launcher import TritonServer
 
 from tests.e2e.helpers import run_cli
 
@@ -60,7 +60,7 @@ def served(engine_dir, tmp_path_factory):
     try:
         # Build the oracle while the server loads the same engine.
         from trtforge.serving.engine import LLMEngine
-        from trtforge.serving.sampling_params import SamplingParams
+        from trtforge.serving.core.sampling_params import SamplingParams
 
         engine = LLMEngine.from_engine_dir(engine_dir)
         outs = engine.generate(PROMPTS, SamplingParams(max_tokens=MAX_TOKENS))

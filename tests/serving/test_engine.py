@@ -11,7 +11,7 @@ from trtforge.builder.build import build_engine
 from trtforge.builder.build_config import BuildConfig
 from trtforge.serving.engine import LLMEngine
 from trtforge.serving.outputs import RequestOutput
-from trtforge.serving.sampling_params import SamplingParams
+from trtforge.serving.core.sampling_params import SamplingParams
 
 MAX_SEQ_LEN = 64
 PROMPT = "The quick brown fox jumps over the lazy dog."

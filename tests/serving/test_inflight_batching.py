@@ -21,7 +21,7 @@ from trtforge.builder.build_config import BuildConfig
 from trtforge.builder.report import kv_bytes_per_token
 from trtforge.serving.engine import LLMEngine
 from trtforge.serving.outputs import RequestOutput
-from trtforge.serving.sampling_params import SamplingParams
+from trtforge.serving.core.sampling_params import SamplingParams
 
 BLOCK = 4
 TIE_GAP = 1e-4  # logprob gap under which two tokens count as tied (fp32 reduction-order noise)

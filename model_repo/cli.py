@@ -1,0 +1,147 @@
+"""`trtforge emit-repo`, `trtforge serve` and `trtforge client` (Click commands)."""
+
+from __future__ import annotations
+
+import signal
+import sys
+from pathlib import Path
+
+import click
+
+from trtforge.builder.config_docs import dataclass_options
+from trtforge.serving.core.config import SchedulerConfig
+from trtforge.model_repo.params import ENGINE_FIELDS
+
+from .bench.serve import serve as bench_serve_command  # noqa: F401  (`trtforge bench serve`)
+
+
+@click.command("emit-repo")
+@click.argument("engine_dir", type=click.Path(exists=True, file_okay=False))
+@click.argument("repo_dir", type=click.Path(file_okay=False))
+@click.option("--device", default="cpu", show_default=True,
+              help="Device the engine runs on inside Triton: cpu | cuda | cuda:N.")
+@click.option("--triton-max-batch-size", type=int, default=None,
+              help="max_batch_size of the Triton model (the batch dimension clients send; one "
+                   "prompt per request). Default: the engine's max_batch_size.")
+@click.option("--exclude-input-in-output/--include-input-in-output", default=False,
+              show_default=True,
+              help="Default for requests that do not send exclude_input_in_output: leave the "
+                   "prompt out of non-streamed text_output (TensorRT-LLM includes it).")
+@click.option("--kv-cache-memory", default=None,
+              help="Memory for the paged KV cache, e.g. 512MiB (default: engine.json's budget).")
+@dataclass_options(SchedulerConfig, exclude=ENGINE_FIELDS)
+def emit_repo_command(engine_dir: str, repo_dir: str, device: str,
+                      triton_max_batch_size: int | None, exclude_input_in_output: bool,
+                      kv_cache_memory: str | None, **scheduler: object) -> None:
+    """Write a Triton model repository (model `ensemble`) serving ENGINE_DIR into REPO_DIR.
+
+    Scheduling options given here are written into ensemble/config.pbtxt as parameters; the
+    others get the engine's defaults. Edit them there later: the model checks them when loading.
+    """
+    from .emit import emit_repo  # noqa: PLC0415 - keeps `trtforge --help` fast
+
+    try:
+        repo = emit_repo(engine_dir, repo_dir, device=device,
+                         triton_max_batch_size=triton_max_batch_size,
+                         exclude_input_in_output=exclude_input_in_output,
+                         kv_cache_memory=kv_cache_memory,
+                         **{k: v for k, v in scheduler.items() if v is not None})
+    except (ValueError, FileNotFoundError) as exc:
+        raise click.ClickException(str(exc)) from None
+    click.echo(f"Wrote Triton model repository {repo} (model `ensemble`). "
+               f"Serve it with: trtforge serve {repo}")
+
+
+class _Shutdown(Exception):
+    """Raised in the main thread by our SIGINT/SIGTERM handler."""
+
+
+def _raise_shutdown(signum: int, _frame: object) -> None:
+    raise _Shutdown(signal.Signals(signum).name)
+
+
+@click.command("serve")
+@click.argument("repo", type=click.Path(exists=True, file_okay=False))
+@click.option("--http-port", type=int, default=8000, show_default=True, help="0: any free port.")
+@click.option("--grpc-port", type=int, default=8001, show_default=True, help="0: any free port.")
+@click.option("--metrics-port", type=int, default=8002, show_default=True,
+              help="Prometheus /metrics port (0: any free port).")
+@click.option("--tritonserver", "tritonserver", default=None,
+              help="tritonserver executable. Default: $TRTFORGE_TRITONSERVER, then "
+                   "/opt/tritonserver/bin/tritonserver, then the one in the nvidia-pytriton wheel.")
+@click.option("--ready-timeout", type=float, default=600.0, show_default=True,
+              help="Seconds to wait for the models to load.")
+@click.option("--log-file", type=click.Path(dir_okay=False), default=None,
+              help="Write tritonserver's output here instead of the console.")
+def serve_command(repo: str, http_port: int, grpc_port: int, metrics_port: int,
+                  tritonserver: str | None, ready_timeout: float, log_file: str | None) -> None:
+    """Run Triton Inference Server on REPO in the foreground; Ctrl-C / SIGTERM stops it."""
+    from .launcher import TritonServer  # noqa: PLC0415
+
+    server = TritonServer(Path(repo), http_port=http_port, grpc_port=grpc_port,
+                          metrics_port=metrics_port, tritonserver=tritonserver,
+                          log_file=Path(log_file) if log_file else None)
+    previous = {s: signal.signal(s, _raise_shutdown) for s in (signal.SIGINT, signal.SIGTERM)}
+    try:
+        server.start()
+        server.wait_ready(ready_timeout)
+        click.echo(f"Triton is ready: HTTP http://{server.http_url}  gRPC {server.grpc_url}  "
+                   f"metrics {server.metrics_url}\n"
+                   f"  try: trtforge client --url {server.grpc_url} --prompt 'Hello' --stream")
+        code = server.process.wait()
+        raise click.ClickException(f"tritonserver exited on its own with code {code}; "
+                                   f"see its output above{' and ' + log_file if log_file else ''}.")
+    except _Shutdown as sig:
+        click.echo(f"{sig}: stopping Triton (in-flight requests get up to "
+                   f"{server.exit_timeout_s} s) …")
+    except (FileNotFoundError, RuntimeError) as exc:
+        raise click.ClickException(str(exc)) from None
+    finally:
+        code = server.stop()
+        for sig, handler in previous.items():
+            signal.signal(sig, handler)
+    click.echo(f"Triton stopped (exit code {code}).")
+
+
+@click.command("client")
+@click.option("--url", default=None,
+              help="Server address. Default: localhost:8001 for gRPC, localhost:8000 for HTTP.")
+@click.option("--protocol", type=click.Choice(["grpc", "http"]), default="grpc",
+              show_default=True)
+@click.option("--prompt", required=True, help="Text to continue.")
+@click.option("--max-tokens", type=int, default=64, show_default=True)
+@click.option("--stream/--no-stream", default=False, show_default=True,
+              help="Print text as it is generated (gRPC stream or HTTP /generate_stream); "
+                   "otherwise one /generate-style answer.")
+@click.option("--temperature", type=float, default=None, help="0: greedy (the server default).")
+@click.option("--top-k", type=int, default=None)
+@click.option("--top-p", type=float, default=None)
+@click.option("--seed", type=int, default=None)
+@click.option("--stop-word", "stop_words", multiple=True, help="Stop string (repeatable).")
+@click.option("--model", default="ensemble", show_default=True)
+def client_command(url: str | None, protocol: str, prompt: str, max_tokens: int, stream: bool,
+                   temperature: float | None, top_k: int | None, top_p: float | None,
+                   seed: int | None, stop_words: tuple[str, ...], model: str) -> None:
+    """Send one prompt to a trtforge (or TensorRT-LLM) Triton server and print the answer."""
+    from tritonclient.utils import InferenceServerException  # noqa: PLC0415
+
+    from . import client  # noqa: PLC0415
+
+    url = url or ("localhost:8001" if protocol == "grpc" else "localhost:8000")
+    options = dict(temperature=temperature, top_k=top_k, top_p=top_p, seed=seed,
+                   stop_words=list(stop_words) or None, model=model)
+    try:
+        if protocol == "grpc":
+            for piece in client.stream_grpc(url, prompt, max_tokens, stream=stream, **options):
+                click.echo(piece, nl=False)
+                sys.stdout.flush()
+        elif stream:
+            for event in client.stream_http(url, prompt, max_tokens, **options):
+                click.echo(event.get("text_output", ""), nl=False)
+                sys.stdout.flush()
+        else:
+            click.echo(client.generate_http(url, prompt, max_tokens, **options)["text_output"],
+                       nl=False)
+    except (RuntimeError, TimeoutError, OSError, InferenceServerException) as exc:
+        raise click.ClickException(str(exc)) from None
+    click.echo()

@@ -1,0 +1,135 @@
+"""The engine model's config.pbtxt `parameters`: names, docs, and string <-> value conversion.
+
+Triton parameters are strings. Every SchedulerConfig field (prefill and decode scheduling) is one
+parameter under its own field name, so the names an operator reads in config.pbtxt are the ones
+documented on SchedulerConfig and accepted by `build-engine`/`LLMEngine.from_engine_dir`.
+Conversion goes through the field's type hint, so a typo such as `max_num_seqs: "sixty"` fails
+the model load with the parameter's name, the value and what it should be.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import types
+import typing
+from typing import Any
+
+# Parameters of the engine model that are not scheduler fields.
+ENGINE_DIR = "engine_dir"
+DEVICE = "device"
+EXCLUDE_INPUT_DEFAULT = "exclude_input_in_output"
+DRAIN_TIMEOUT = "finalize_drain_timeout_s"
+KV_CACHE_MEMORY = "kv_cache_memory"
+
+ADAPTER_PARAMETER_DOCS = {
+    ENGINE_DIR: "Engine directory built by `build-engine` (absolute, or relative to this model's "
+                "directory).",
+    DEVICE: "Device the engine runs on: cpu | cuda | cuda:N.",
+    EXCLUDE_INPUT_DEFAULT: "true | false: leave the prompt out of non-streamed text_output when a "
+                           "request does not send `exclude_input_in_output` (TensorRT-LLM "
+                           "returns prompt + answer by default). Streamed deltas never repeat "
+                           "the prompt.",
+    KV_CACHE_MEMORY: "Memory for the paged KV cache, e.g. 512MiB or 4GiB (decides how many KV "
+                     "blocks exist). Empty: the budget recorded in engine.json.",
+    DRAIN_TIMEOUT: "Seconds the model waits, when unloaded, for in-flight requests to finish "
+                   "before aborting them.",
+}
+
+
+def scheduler_config_cls() -> type:
+    """SchedulerConfig, imported late so that this module loads without the runtime."""
+    from trtforge.serving.core.config import SchedulerConfig  # noqa: PLC0415
+
+    return SchedulerConfig
+
+
+# SchedulerConfig fields that describe the engine and its KV memory, not a scheduling choice:
+# the engine fills them in, and overriding one would disagree with the compiled engine or the
+# allocated KV pool. They are not parameters; kv_cache_memory is.
+ENGINE_FIELDS = ("max_seq_len", "block_size", "num_blocks")
+
+
+def _refuse_engine_fields(names: object) -> None:
+    given = sorted(set(names) & set(ENGINE_FIELDS))  # type: ignore[arg-type]
+    if given:
+        raise ValueError(
+            f"{given} describe the engine, not its scheduling: rebuild it (build-engine "
+            "--max-seq-len / --kv-block-size) or set the kv_cache_memory parameter to change "
+            "the number of KV blocks."
+        )
+
+
+def scheduler_field_docs() -> dict[str, str]:
+    return scheduler_config_cls().field_docs()
+
+
+def _base_type(hint: Any) -> tuple[type, bool]:
+    """(the concrete type, whether None is allowed) of a field's type hint."""
+    origin = typing.get_origin(hint)
+    if origin is typing.Literal:
+        return type(typing.get_args(hint)[0]), False
+    if origin in (typing.Union, types.UnionType):
+        args = [a for a in typing.get_args(hint) if a is not type(None)]
+        base, _ = _base_type(args[0]) if len(args) == 1 else (str, False)
+        return base, True
+    return (hint if isinstance(hint, type) else str), False
+
+
+def to_parameter(value: Any) -> str:
+    """A field value as a Triton parameter string ("" for None, lower-case booleans)."""
+    if value is None:
+        return ""
+    if isinstance(value, bool):
+        return "true" if value else "false"
+    return str(value)
+
+
+def from_parameter(name: str, text: str, hint: Any) -> Any:
+    """Parse one parameter string into the field's type; ValueError names what is wrong."""
+    base, nullable = _base_type(hint)
+    text = text.strip()
+    if text == "" or text.lower() == "none":
+        if nullable:
+            return None
+        raise ValueError(f"parameter {name!r} is empty; it needs a {base.__name__} value.")
+    if base is bool:
+        if text.lower() in ("true", "1", "yes", "on"):
+            return True
+        if text.lower() in ("false", "0", "no", "off"):
+            return False
+        raise ValueError(f"parameter {name!r}={text!r} is not a boolean; write true or false.")
+    try:
+        if base is int:
+            return int(float(text)) if float(text).is_integer() else int(text)
+        return base(text)
+    except (TypeError, ValueError):
+        raise ValueError(
+            f"parameter {name!r}={text!r} is not a valid {base.__name__}."
+        ) from None
+
+
+def scheduler_values(parameters: dict[str, str]) -> dict[str, Any]:
+    """SchedulerConfig field values from config.pbtxt parameters (fields not present are left
+    out, so that engine.json's defaults apply)."""
+    _refuse_engine_fields(parameters)
+    cls = scheduler_config_cls()
+    hints = typing.get_type_hints(cls)
+    return {name: from_parameter(name, parameters[name], hints[name])
+            for name in scheduler_parameter_names() if name in parameters}
+
+
+def scheduler_parameter_names() -> list[str]:
+    """The SchedulerConfig fields that are config.pbtxt parameters, in declaration order."""
+    return [f.name for f in dataclasses.fields(scheduler_config_cls())
+            if f.init and f.name not in ENGINE_FIELDS]
+
+
+def check_unknown_overrides(overrides: dict[str, Any]) -> None:
+    _refuse_engine_fields(overrides)
+    known = set(scheduler_parameter_names())
+    unknown = sorted(set(overrides) - known)
+    if unknown:
+        raise ValueError(
+            f"unknown scheduling parameter(s) {unknown}; the SchedulerConfig fields are: "
+            f"{', '.join(sorted(known))}."
+        )

@@ -1,0 +1,138 @@
+"""Turn the tensors of one Triton request into a prompt and SamplingParams.
+
+Plain numpy in, dataclass out, so it is testable without Triton. The tensor names and meanings
+are those of TensorRT-LLM's `ensemble` (REFERENCE §A). Differences, all documented in
+docs/serving.md:
+
+* `stop_words` / `bad_words`: each string element is read as one CSV line, as TensorRT-LLM's
+  preprocessing does (`"foo,bar"` is two words, `'"a,b"'` one word containing a comma).
+* `end_id` adds a stop token; the model's EOS still ends the request too.
+* `top_p == 0` means "no nucleus filter", as in TensorRT-LLM (our SamplingParams spells it 1.0).
+* `pad_id` and `length_penalty` are accepted and have no effect (packed batches have no padding;
+  there is no beam search). `beam_width` / `num_return_sequences` other than 1 and
+  `return_context_logits` / `return_generation_logits` are refused with an error.
+"""
+
+from __future__ import annotations
+
+import csv
+from dataclasses import dataclass
+from typing import Any, Callable, Mapping
+
+import numpy as np
+
+from trtforge.serving.core.sampling_params import SamplingParams
+
+# Tensor name → SamplingParams field, for the numeric inputs that map one to one.
+_DIRECT: dict[str, tuple[str, Callable[[Any], Any]]] = {
+    "temperature": ("temperature", float),
+    "top_k": ("top_k", int),
+    "seed": ("seed", int),
+    "repetition_penalty": ("repetition_penalty", float),
+    "presence_penalty": ("presence_penalty", float),
+    "frequency_penalty": ("frequency_penalty", float),
+    "min_tokens": ("min_tokens", int),
+}
+
+
+@dataclass
+class GenerationRequest:
+    """What one Triton request asks the engine for."""
+
+    prompt: str
+    """The text to continue (`text_input`)."""
+    params: SamplingParams
+    """Sampling and stopping, validated."""
+    stream: bool = False
+    """Send a response per new piece of text (`stream`), else one response at the end."""
+    exclude_input: bool = False
+    """Leave the prompt out of a non-streamed `text_output`."""
+    return_log_probs: bool = False
+    """Also return `cum_log_probs` and `output_log_probs`."""
+
+
+def _scalar(inputs: Mapping[str, np.ndarray], name: str) -> Any | None:
+    """The single value of an optional [1]/[1,1] tensor, or None when the request left it out."""
+    arr = inputs.get(name)
+    if arr is None:
+        return None
+    arr = np.asarray(arr)
+    if arr.size != 1:
+        raise ValueError(
+            f"input {name!r} has shape {list(arr.shape)}; send one value per request "
+            "(shape [1], or [1, 1] with the batch dimension)."
+        )
+    value = arr.reshape(-1)[0]
+    return value.item() if isinstance(value, np.generic) else value
+
+
+def _text(value: Any, name: str) -> str:
+    if isinstance(value, bytes):
+        try:
+            return value.decode("utf-8")
+        except UnicodeDecodeError as exc:
+            raise ValueError(f"input {name!r} is not valid UTF-8 ({exc}).") from None
+    if isinstance(value, str):
+        return value
+    raise ValueError(f"input {name!r} must be a string, got {type(value).__name__}.")
+
+
+def parse_words(arr: np.ndarray | None, name: str) -> list[str]:
+    """stop_words / bad_words: every non-empty element is a CSV line of words."""
+    if arr is None:
+        return []
+    words: list[str] = []
+    for item in np.asarray(arr, dtype=object).reshape(-1):
+        line = _text(item, name)
+        if line.strip():
+            words.extend(w for w in next(csv.reader([line])) if w)
+    return words
+
+
+def _refuse_unsupported(inputs: Mapping[str, np.ndarray]) -> None:
+    for name in ("beam_width", "num_return_sequences"):
+        value = _scalar(inputs, name)
+        if value is not None and int(value) != 1:
+            raise ValueError(f"{name}={value} is not supported: trtforge samples one sequence per "
+                             f"request; send {name}=1 or leave it out.")
+    for name in ("return_context_logits", "return_generation_logits"):
+        if _scalar(inputs, name):
+            raise ValueError(f"{name}=true is not supported by trtforge; leave it out "
+                             "(return_log_probs gives the log-probabilities of the output).")
+
+
+def parse_request(inputs: Mapping[str, np.ndarray], exclude_input_default: bool = False
+                  ) -> GenerationRequest:
+    """Build a GenerationRequest; ValueError says which input is wrong and what to send."""
+    text_input = inputs.get("text_input")
+    if text_input is None or np.asarray(text_input).size != 1:
+        shape = None if text_input is None else list(np.asarray(text_input).shape)
+        raise ValueError(f"text_input must hold exactly one prompt per request (got shape {shape}).")
+    prompt = _text(_scalar(inputs, "text_input"), "text_input")
+    max_tokens = _scalar(inputs, "max_tokens")
+    if max_tokens is None:
+        raise ValueError("max_tokens is required: the most tokens to generate (an integer >= 1).")
+    _refuse_unsupported(inputs)
+    kwargs: dict[str, Any] = {"max_tokens": int(max_tokens)}
+    for name, (field, cast) in _DIRECT.items():
+        value = _scalar(inputs, name)
+        if value is not None:
+            kwargs[field] = cast(value)
+    top_p = _scalar(inputs, "top_p")
+    if top_p is not None:
+        kwargs["top_p"] = 1.0 if float(top_p) == 0.0 else float(top_p)
+    end_id = _scalar(inputs, "end_id")
+    if end_id is not None:
+        kwargs["stop_token_ids"] = [int(end_id)]
+    kwargs["stop"] = parse_words(inputs.get("stop_words"), "stop_words")
+    kwargs["bad_words"] = parse_words(inputs.get("bad_words"), "bad_words")
+    return_log_probs = bool(_scalar(inputs, "return_log_probs") or False)
+    if return_log_probs:
+        kwargs["logprobs"] = 0
+    params = SamplingParams(**kwargs).validate()
+    exclude = _scalar(inputs, "exclude_input_in_output")
+    return GenerationRequest(
+        prompt=prompt, params=params, stream=bool(_scalar(inputs, "stream") or False),
+        exclude_input=exclude_input_default if exclude is None else bool(exclude),
+        return_log_probs=return_log_probs,
+    )

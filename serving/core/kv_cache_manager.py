@@ -1,0 +1,200 @@
+"""Per-sequence block tables on top of the block pool, with prefix caching of full blocks.
+
+Prefix caching (as vLLM's `docs/design/prefix_caching.md`): a FULL block whose K/V are computed is
+indexed by a chained hash, hash((parent block's hash, tuple(block's tokens))), so a hit on block i
+implies the whole prefix up to block i matches. Admission looks the prompt up block by block and
+reuses the hits (ref count +1). The last token of the sequence is always recomputed — the engine
+needs its logits — so at most (num_tokens - 1) // block_size blocks can hit. A block is registered
+only once its tokens are computed (`cache_full_blocks`, called after each step), and a freed cached
+block stays in the free queue where a later hit can revive it until it is reused.
+"""
+
+from __future__ import annotations
+
+from collections import Counter
+from dataclasses import dataclass, field
+
+from trtforge.serving.core.block_pool import BlockPool
+from trtforge.serving.core.sequence import Sequence
+
+
+class KVCacheInvariantError(RuntimeError):
+    """The block accounting is inconsistent (a bug in the runtime, never a user error)."""
+
+
+def hash_block(parent_hash: int | None, tokens: list[int]) -> int:
+    """Chained hash of one full block. Python's hash of a tuple of ints is stable across runs."""
+    return hash((parent_hash, tuple(tokens)))
+
+
+@dataclass
+class PrefixHit:
+    """Result of a prefix-cache lookup; nothing is referenced until `KVCacheManager.admit`."""
+
+    blocks: list[int] = field(default_factory=list)
+    """Cached blocks matching the sequence's leading full blocks, in order."""
+    hashes: list[int] = field(default_factory=list)
+    """Their chained hashes."""
+    num_revived: int = 0
+    """How many of them are currently free (taking them lowers the free count)."""
+    block_size: int = 1
+
+    @property
+    def num_tokens(self) -> int:
+        return len(self.blocks) * self.block_size
+
+
+class KVCacheManager:
+    """Block tables of the sequences that hold KV, with exact accounting (`check_invariants`)."""
+
+    def __init__(self, num_blocks: int, block_size: int, enable_prefix_caching: bool = True) -> None:
+        if block_size < 1:
+            raise ValueError(f"block_size={block_size} is invalid: must be >= 1")
+        self.block_size = block_size
+        self.enable_prefix_caching = enable_prefix_caching
+        self.pool = BlockPool(num_blocks)
+        self._holders: dict[int, Sequence] = {}  # seq_id -> sequence holding blocks
+        self._hashes: dict[int, list[int]] = {}  # seq_id -> chained hashes of its full blocks
+        self.num_queried_tokens = 0
+        """Tokens of admitted sequences looked up in the prefix cache."""
+        self.num_hit_tokens = 0
+        """Tokens of admitted sequences served from the prefix cache."""
+
+    # ---- counters -------------------------------------------------------------------------
+    @property
+    def num_blocks(self) -> int:
+        return self.pool.num_blocks
+
+    @property
+    def num_free_blocks(self) -> int:
+        """Free blocks, including cached ones that are evictable."""
+        return self.pool.num_free
+
+    @property
+    def num_used_blocks(self) -> int:
+        return self.pool.num_blocks - self.pool.num_free
+
+    @property
+    def num_cached_blocks(self) -> int:
+        return self.pool.num_cached
+
+    @property
+    def usage(self) -> float:
+        """Fraction of blocks referenced by sequences."""
+        return self.num_used_blocks / self.pool.num_blocks
+
+    @property
+    def num_stored_tokens(self) -> int:
+        """Tokens whose K/V are in the cache, over the sequences holding blocks (for KV waste:
+        1 - stored / (used blocks × block_size); shared prefix blocks count once per holder)."""
+        return sum(seq.num_computed_tokens for seq in self._holders.values())
+
+    @property
+    def prefix_hit_rate(self) -> float:
+        return self.num_hit_tokens / self.num_queried_tokens if self.num_queried_tokens else 0.0
+
+    def stats(self) -> dict[str, float]:
+        return {"num_blocks": self.num_blocks, "free_blocks": self.num_free_blocks,
+                "used_blocks": self.num_used_blocks, "cached_blocks": self.num_cached_blocks,
+                "usage": self.usage, "prefix_hit_rate": self.prefix_hit_rate,
+                "prefix_hit_tokens": self.num_hit_tokens, "evictions": self.pool.num_evictions}
+
+    def blocks_for(self, num_tokens: int) -> int:
+        """Blocks needed to hold `num_tokens` positions."""
+        return -(-num_tokens // self.block_size)
+
+    # ---- admission ------------------------------------------------------------------------
+    def find_prefix(self, seq: Sequence) -> PrefixHit:
+        """Cached blocks matching the start of `seq` (which must hold no blocks). No state change."""
+        hit = PrefixHit(block_size=self.block_size)
+        if not self.enable_prefix_caching:
+            return hit
+        tokens, bs = seq.all_token_ids, self.block_size
+        parent = None
+        for i in range((len(tokens) - 1) // bs):  # the last token is always recomputed
+            h = hash_block(parent, tokens[i * bs:(i + 1) * bs])
+            block = self.pool.lookup(h)
+            if block is None:
+                break
+            hit.blocks.append(block)
+            hit.hashes.append(h)
+            hit.num_revived += self.pool.ref_counts[block] == 0
+            parent = h
+        return hit
+
+    def admit(self, seq: Sequence, hit: PrefixHit) -> None:
+        """Start `seq`'s block table with the prefix hit (possibly empty); its K/V count as computed."""
+        if seq.block_table or seq.seq_id in self._holders:
+            raise RuntimeError(f"sequence {seq.seq_id} is admitted but already holds KV blocks")
+        self.pool.touch(hit.blocks)
+        seq.block_table = list(hit.blocks)
+        seq.num_computed_tokens = hit.num_tokens
+        seq.num_cached_prefix_tokens = hit.num_tokens
+        self._holders[seq.seq_id] = seq
+        self._hashes[seq.seq_id] = list(hit.hashes)
+        if self.enable_prefix_caching:
+            self.num_queried_tokens += seq.num_tokens
+            self.num_hit_tokens += hit.num_tokens
+
+    # ---- growth and release ---------------------------------------------------------------
+    def num_new_blocks(self, seq: Sequence, num_new_tokens: int) -> int:
+        """Blocks to add so the table covers num_computed_tokens + num_new_tokens positions."""
+        need = self.blocks_for(seq.num_computed_tokens + num_new_tokens) - len(seq.block_table)
+        return max(need, 0)
+
+    def allocate_for(self, seq: Sequence, num_new_tokens: int) -> bool:
+        """Grow `seq`'s table for its next `num_new_tokens` tokens. All or nothing: False (and no
+        change) when not enough blocks are free."""
+        need = self.num_new_blocks(seq, num_new_tokens)
+        if need > self.pool.num_free:
+            return False
+        seq.block_table.extend(self.pool.allocate(need))
+        self._holders.setdefault(seq.seq_id, seq)
+        self._hashes.setdefault(seq.seq_id, [])
+        return True
+
+    def cache_full_blocks(self, seq: Sequence) -> None:
+        """Register `seq`'s blocks that became full of computed tokens since the last call."""
+        if not self.enable_prefix_caching:
+            return
+        hashes = self._hashes.setdefault(seq.seq_id, [])
+        num_full = seq.num_computed_tokens // self.block_size
+        if num_full <= len(hashes):
+            return
+        tokens, bs = seq.all_token_ids, self.block_size
+        parent = hashes[-1] if hashes else None
+        for i in range(len(hashes), num_full):
+            parent = hash_block(parent, tokens[i * bs:(i + 1) * bs])
+            self.pool.register(seq.block_table[i], parent)
+            hashes.append(parent)
+
+    def free(self, seq: Sequence) -> None:
+        """Release all of `seq`'s blocks (cached ones stay revivable) and empty its table."""
+        self.pool.release(reversed(seq.block_table))
+        seq.block_table = []
+        self._holders.pop(seq.seq_id, None)
+        self._hashes.pop(seq.seq_id, None)
+
+    # ---- accounting -----------------------------------------------------------------------
+    def check_invariants(self) -> None:
+        """Raise KVCacheInvariantError unless every block is free xor referenced, ref counts equal
+        the number of block tables holding each block, and each table fits its sequence."""
+        problems = self.pool.problems()
+        held = Counter()
+        for seq in self._holders.values():
+            table = seq.block_table
+            held.update(table)
+            if len(set(table)) != len(table):
+                problems.append(f"sequence {seq.seq_id} holds a block twice: {table}")
+            lo, hi = self.blocks_for(seq.num_computed_tokens), self.blocks_for(seq.num_tokens)
+            if not lo <= len(table) <= hi:
+                problems.append(f"sequence {seq.seq_id} has {len(table)} blocks; its "
+                                f"{seq.num_computed_tokens} computed / {seq.num_tokens} tokens need "
+                                f"{lo}..{hi}")
+            if seq.is_finished:
+                problems.append(f"finished sequence {seq.seq_id} still holds {len(table)} blocks")
+        for block, ref in enumerate(self.pool.ref_counts):
+            if held[block] != ref:
+                problems.append(f"block {block}: ref count {ref} but held by {held[block]} tables")
+        if problems:
+            raise KVCacheInvariantError("KV block accounting is broken:\n  " + "\n  ".join(problems[:20]))

@@ -1,0 +1,329 @@
+"""In-flight batching scheduler: one call to `schedule()` = the batch of one iteration.
+
+The scheduler knows ids, counts and block tables, never tensors. Each iteration:
+
+1. Running sequences, oldest first (add() order): a decode gets 1 token (its last sampled token,
+   whose K/V is not cached yet); a sequence still being prefilled — a chunked prompt, or the
+   recompute of a preempted one — gets its next chunk, leaving enough budget for the decodes behind
+   it. When a block is needed and none is free (max_utilization), the newest running sequence is
+   preempted: its blocks are freed and it goes back to the front of the waiting queue, to recompute
+   prompt + outputs later (chunked like a prompt; the chunk that reaches the end samples).
+2. Waiting sequences — preempted ones first, then new ones in `prefill_order` — are admitted while
+   the token budget, prefill budget, prefill_max_seqs, max_batch_size and KV blocks allow. Under
+   fcfs a request that does not fit stops admission (no overtaking: a long prompt is never starved
+   by short ones arriving behind it). Nothing is admitted in an iteration that had to preempt.
+
+Under guaranteed_no_evict a request is admitted only when its whole KV need (prompt + max_tokens)
+fits in the free blocks not already promised to running sequences, so a running sequence always
+finds its next block and nothing is ever preempted.
+"""
+
+from __future__ import annotations
+
+import bisect
+import itertools
+from collections import deque
+from dataclasses import dataclass, field
+
+from trtforge.serving.core.config import SchedulerConfig
+from trtforge.serving.core.kv_cache_manager import KVCacheManager
+from trtforge.serving.core.sequence import Sequence, SequenceStatus
+
+
+@dataclass
+class ScheduledChunk:
+    """Tokens of one sequence to compute in this iteration."""
+
+    seq: Sequence
+    start: int
+    """seq.num_computed_tokens before this step: absolute position of the first new token."""
+    num_tokens: int
+    """Tokens to compute now: seq.all_token_ids[start:start + num_tokens]."""
+    sample: bool
+    """start + num_tokens == seq.num_tokens: the engine samples the next token from the last one."""
+    is_decode: bool = False
+    """A decode step (one token of a sequence that has outputs), as opposed to a prefill chunk."""
+
+
+@dataclass
+class SchedulerOutput:
+    """The batch of one iteration."""
+
+    chunks: list[ScheduledChunk] = field(default_factory=list)
+    """Decodes first, then prefill chunks."""
+    preempted: list[Sequence] = field(default_factory=list)
+    """Sequences preempted in this step (their KV is gone; they wait to be recomputed)."""
+    num_batched_tokens: int = 0
+    """Sum of the chunks' num_tokens."""
+
+    @property
+    def is_empty(self) -> bool:
+        return not self.chunks
+
+    @property
+    def num_prefill_tokens(self) -> int:
+        return sum(c.num_tokens for c in self.chunks if not c.is_decode)
+
+    @property
+    def num_decode_tokens(self) -> int:
+        return sum(c.num_tokens for c in self.chunks if c.is_decode)
+
+
+@dataclass
+class _Budget:
+    tokens: int
+    prefill_tokens: int
+    prefill_seqs: int
+
+
+class Scheduler:
+    """Decides, each iteration, which tokens of which sequences are computed."""
+
+    def __init__(self, config: SchedulerConfig) -> None:
+        config.validate()
+        self.config = config
+        self.kv_manager = KVCacheManager(config.num_blocks, config.block_size,
+                                         config.enable_prefix_caching)
+        self._waiting: deque[Sequence] = deque()  # new requests, add() order
+        self._preempted: list[Sequence] = []  # resume before new requests, oldest first
+        self._running: list[Sequence] = []  # oldest first; the last one is preempted first
+        self._seqs: dict[int, Sequence] = {}  # every unfinished sequence by id
+        self._rank: dict[int, int] = {}  # seq_id -> add() order: what "oldest" and FCFS mean
+        self._counter = itertools.count()
+        self._watermark_blocks = int(config.kv_watermark * config.num_blocks)
+        self._chunk_cap = config.prefill_chunk_size or config.max_num_tokens
+        self.num_preemptions = 0
+        """Preemptions since start (max_utilization only)."""
+
+    # ---- queues -----------------------------------------------------------------------------
+    @property
+    def num_waiting(self) -> int:
+        return len(self._waiting) + len(self._preempted)
+
+    @property
+    def num_running(self) -> int:
+        return len(self._running)
+
+    def has_unfinished(self) -> bool:
+        return bool(self._seqs)
+
+    def get(self, seq_id: int) -> Sequence | None:
+        return self._seqs.get(seq_id)
+
+    def kv_need_blocks(self, seq: Sequence) -> int:
+        """Most blocks `seq` can ever hold: the last sampled token is never computed."""
+        return self.kv_manager.blocks_for(seq.num_prompt_tokens + seq.max_tokens - 1)
+
+    def add(self, seq: Sequence) -> None:
+        """Queue a new request. Lowers seq.max_tokens to what max_seq_len leaves; raises ValueError
+        for a request that could never be scheduled."""
+        cfg = self.config
+        if seq.seq_id in self._seqs:
+            raise ValueError(f"sequence id {seq.seq_id} is already in use by an unfinished request")
+        n_prompt = seq.num_prompt_tokens
+        if n_prompt == 0:
+            raise ValueError(f"request {seq.seq_id} has an empty prompt: at least 1 token is needed")
+        if n_prompt >= cfg.max_seq_len:
+            raise ValueError(
+                f"request {seq.seq_id}: prompt of {n_prompt} tokens is too long for max_seq_len="
+                f"{cfg.max_seq_len} (at most {cfg.max_seq_len - 1} prompt tokens, leaving room for "
+                f"one generated token); shorten the prompt or rebuild with a larger max_seq_len")
+        if seq.max_tokens < 1 or seq.num_output_tokens >= seq.max_tokens:
+            raise ValueError(f"request {seq.seq_id}: max_tokens={seq.max_tokens} is invalid: must be "
+                             f">= 1 and more than the {seq.num_output_tokens} tokens already generated")
+        self._check_fits_pool(seq, min(seq.max_tokens, cfg.max_seq_len - n_prompt))
+        seq.max_tokens = min(seq.max_tokens, cfg.max_seq_len - n_prompt)
+        seq.status = SequenceStatus.WAITING
+        self._seqs[seq.seq_id] = seq
+        self._rank[seq.seq_id] = next(self._counter)
+        self._waiting.append(seq)
+
+    def _check_fits_pool(self, seq: Sequence, max_tokens: int) -> None:
+        cfg, kv = self.config, self.kv_manager
+        need = kv.blocks_for(seq.num_prompt_tokens + max_tokens - 1)
+        if need > cfg.num_blocks:
+            raise ValueError(
+                f"request {seq.seq_id} needs up to {need} KV blocks ({seq.num_prompt_tokens} prompt "
+                f"tokens + max_tokens={max_tokens}, block_size={cfg.block_size}) but the pool has "
+                f"only {cfg.num_blocks}; lower max_tokens or give the KV cache more memory")
+        if cfg.policy == "max_utilization":
+            first = kv.blocks_for(min(seq.num_tokens, self._chunk_cap, self._prefill_token_cap()))
+            if first > cfg.num_blocks - self._watermark_blocks:
+                raise ValueError(
+                    f"request {seq.seq_id}: its first prefill chunk needs {first} KV blocks but "
+                    f"kv_watermark={cfg.kv_watermark} keeps {self._watermark_blocks} of "
+                    f"{cfg.num_blocks} blocks free at admission; lower kv_watermark or "
+                    f"prefill_chunk_size")
+
+    def _prefill_token_cap(self) -> int:
+        cfg = self.config
+        return min(cfg.max_num_tokens, cfg.prefill_max_tokens or cfg.max_num_tokens)
+
+    # ---- one iteration ----------------------------------------------------------------------
+    def schedule(self) -> SchedulerOutput:
+        """Build the next batch (decodes first, then prefill chunks); allocates their KV blocks."""
+        self._check_running_not_done()
+        cfg = self.config
+        budget = _Budget(cfg.max_num_tokens, self._prefill_token_cap(), cfg.prefill_max_seqs)
+        decodes: list[ScheduledChunk] = []
+        prefills: list[ScheduledChunk] = []
+        preempted: list[Sequence] = []
+        self._schedule_running(budget, decodes, prefills, preempted)
+        if not preempted:  # admitting while evicting would only cause more evictions
+            self._schedule_waiting(budget, prefills)
+        chunks = decodes + prefills
+        return SchedulerOutput(chunks, preempted, sum(c.num_tokens for c in chunks))
+
+    def _check_running_not_done(self) -> None:
+        for seq in self._running:
+            if seq.num_output_tokens >= seq.max_tokens:
+                raise RuntimeError(
+                    f"sequence {seq.seq_id} has generated its max_tokens={seq.max_tokens} tokens but "
+                    f"is still running: the engine must call finish() before the next schedule()")
+
+    @staticmethod
+    def _is_decode(seq: Sequence) -> bool:
+        return seq.num_output_tokens > 0 and seq.num_uncomputed_tokens == 1
+
+    def _schedule_running(self, budget: _Budget, decodes: list, prefills: list,
+                          preempted: list) -> None:
+        # Decodes behind a chunked prefill keep their token: prefill never starves decode.
+        pending_decodes = sum(map(self._is_decode, self._running))
+        i = 0
+        while i < len(self._running):
+            seq = self._running[i]
+            decode = self._is_decode(seq)
+            if decode:
+                pending_decodes -= 1
+                n = 1 if budget.tokens >= 1 else 0
+            else:
+                n = self._chunk_len(seq.num_uncomputed_tokens, budget, reserve=pending_decodes)
+            if n == 0:
+                i += 1
+                continue
+            if not self._allocate_or_preempt(seq, n, preempted):
+                break  # seq preempted itself: it was the newest, nothing is left behind it
+            self._emit(seq, n, decode, budget, decodes if decode else prefills)
+            i += 1
+
+    def _chunk_len(self, remaining: int, budget: _Budget, reserve: int = 0) -> int:
+        """Tokens of a prefill of `remaining` tokens that fit this iteration (0: none)."""
+        if budget.prefill_seqs == 0:
+            return 0
+        n = min(remaining, self._chunk_cap, budget.prefill_tokens, budget.tokens - reserve)
+        if n < remaining and self.config.prefill_chunk_size == 0:
+            return 0  # no chunking: the whole prompt or nothing
+        return max(n, 0)
+
+    def _allocate_or_preempt(self, seq: Sequence, n: int, preempted: list) -> bool:
+        while not self.kv_manager.allocate_for(seq, n):
+            victim = self._running.pop()  # the newest; never one already scheduled this step
+            self._preempt(victim)
+            preempted.append(victim)
+            if victim is seq:
+                return False
+        return True
+
+    def _preempt(self, seq: Sequence) -> None:
+        self.kv_manager.free(seq)
+        seq.num_computed_tokens = 0
+        seq.status = SequenceStatus.PREEMPTED
+        seq.num_preemptions += 1
+        self.num_preemptions += 1
+        bisect.insort(self._preempted, seq, key=lambda s: self._rank[s.seq_id])
+
+    def _emit(self, seq: Sequence, n: int, decode: bool, budget: _Budget, out: list) -> None:
+        start = seq.num_computed_tokens
+        out.append(ScheduledChunk(seq, start, n, start + n == seq.num_tokens, decode))
+        budget.tokens -= n
+        if not decode:
+            budget.prefill_tokens -= n
+            budget.prefill_seqs -= 1
+
+    def _schedule_waiting(self, budget: _Budget, prefills: list) -> None:
+        while len(self._running) < self.config.max_batch_size:
+            seq = self._next_waiting()
+            if seq is None or not self._try_admit(seq, budget, prefills):
+                return
+            if self._preempted and self._preempted[0] is seq:
+                self._preempted.pop(0)
+            elif self._waiting[0] is seq:
+                self._waiting.popleft()
+            else:
+                self._waiting.remove(seq)
+
+    def _next_waiting(self) -> Sequence | None:
+        if self._preempted:
+            return self._preempted[0]
+        if not self._waiting:
+            return None
+        if self.config.prefill_order == "fcfs":
+            return self._waiting[0]
+        return min(self._waiting, key=lambda s: (s.num_tokens, self._rank[s.seq_id]))
+
+    def _try_admit(self, seq: Sequence, budget: _Budget, prefills: list) -> bool:
+        kv = self.kv_manager
+        hit = kv.find_prefix(seq)
+        n = self._chunk_len(seq.num_tokens - hit.num_tokens, budget)
+        if n == 0:
+            return False
+        new_blocks = kv.blocks_for(hit.num_tokens + n) - len(hit.blocks)
+        free_after = kv.num_free_blocks - hit.num_revived - new_blocks
+        if self.config.policy == "guaranteed_no_evict":
+            later = self.kv_need_blocks(seq) - len(hit.blocks) - new_blocks
+            if free_after < self._promised_blocks() + later:
+                return False
+        elif free_after < (0 if seq.status is SequenceStatus.PREEMPTED else self._watermark_blocks):
+            return False  # the watermark guards running sequences from new ones, not resumed ones
+        kv.admit(seq, hit)
+        if not kv.allocate_for(seq, n):
+            raise RuntimeError("KV admission check passed but allocation failed (accounting bug)")
+        seq.status = SequenceStatus.RUNNING
+        bisect.insort(self._running, seq, key=lambda s: self._rank[s.seq_id])
+        self._emit(seq, n, False, budget, prefills)
+        return True
+
+    def _promised_blocks(self) -> int:
+        """Blocks running sequences may still take (guaranteed_no_evict reserves them)."""
+        return sum(max(self.kv_need_blocks(s) - len(s.block_table), 0) for s in self._running)
+
+    # ---- after the step ---------------------------------------------------------------------
+    def update(self, out: SchedulerOutput, sampled: dict[int, int]) -> None:
+        """Apply a finished step: advance computed tokens, append sampled ids (seq_id -> token id)
+        of chunks with sample=True, and index newly full blocks in the prefix cache."""
+        for chunk in out.chunks:
+            seq = chunk.seq
+            if seq.status is not SequenceStatus.RUNNING:
+                continue  # finished or aborted after schedule(): its blocks are already freed
+            if seq.num_computed_tokens != chunk.start:
+                raise RuntimeError(
+                    f"sequence {seq.seq_id}: chunk starts at {chunk.start} but "
+                    f"{seq.num_computed_tokens} tokens are computed; update() called twice?")
+            if chunk.sample and seq.seq_id not in sampled:
+                raise KeyError(f"no sampled token for sequence {seq.seq_id}, whose chunk has "
+                               f"sample=True; pass {{seq_id: token_id}} for every such chunk")
+            seq.num_computed_tokens += chunk.num_tokens
+            if chunk.sample:
+                seq.output_token_ids.append(sampled[seq.seq_id])
+            self.kv_manager.cache_full_blocks(seq)
+
+    def finish(self, seq_id: int, status: SequenceStatus) -> None:
+        """Remove a sequence (in any state) and free its blocks."""
+        if not status.is_finished:
+            raise ValueError(f"finish() needs a FINISHED_* status, got {status}")
+        seq = self._seqs.pop(seq_id, None)
+        if seq is None:
+            raise ValueError(f"no unfinished sequence with id {seq_id}")
+        queue = {SequenceStatus.RUNNING: self._running, SequenceStatus.WAITING: self._waiting,
+                 SequenceStatus.PREEMPTED: self._preempted}[seq.status]
+        queue.remove(seq)
+        self.kv_manager.free(seq)
+        self._rank.pop(seq_id)
+        seq.status = status
+
+    def abort(self, seq_id: int) -> bool:
+        """Cancel a waiting, preempted or running sequence; False if there is none with that id."""
+        if seq_id not in self._seqs:
+            return False
+        self.finish(seq_id, SequenceStatus.FINISHED_ABORTED)
+        return True

@@ -1,0 +1,150 @@
+"""The CPU counterpart of CUDA graphs: a decode step as a fixed list of C kernel calls.
+
+A float32 decode step of a few tokens on CPU is bound by reading the weights; everything else
+should cost next to nothing. Through the network's modules it does not: per layer ~10 module calls,
+view/split ops, routing checks and tensor allocations, run between weight streams that have just
+flushed the caches, add ~15 ms to a ~130 ms batch-1 step of a 0.5B model (measured by
+`trtforge bench offline`'s decode breakdown). This plan runs the same step as one Python loop over
+the layers calling the kernels the network itself uses (plugins/cpu/fused.c, plugins/cpu/linear.c,
+plugins/paged_attention/cpu_decode.c) on buffers allocated once per batch size, with their
+argument tuples built once:
+
+    embed → per layer: add+RMSNorm → qkv GEMV → RoPE → KV write + attention → o GEMV
+          → add+RMSNorm → gate_up GEMV → SiLU·mul → down GEMV → final add+RMSNorm → head GEMV
+
+Like `CudaGraphRunner`, the executor asks `can_run` per step and falls back to the network for
+everything else (prefill chunks, mixed steps, more than `GEMV_MAX_ROWS` tokens, long contexts). Only
+Llama-style networks qualify (RMSNorm, gated SiLU MLP, RoPE, no q/k norm); others keep the network
+path. Results equal the network's up to float32 rounding (tests/serving/worker/test_cpu_decode_plan.py).
+"""
+
+from __future__ import annotations
+
+import ctypes
+from typing import Any
+
+import torch
+
+from trtforge.plugins.cpu import fused as cpu_fused, linear as cpu_linear
+from trtforge.plugins.cpu.linear import GEMV_MAX_ROWS, CpuLinear
+from trtforge.builder.rope import rotary_cos_sin
+from trtforge.plugins.paged_attention import cpu_native
+
+from .model_inputs import ModelInputs
+
+
+def _ptr(t: torch.Tensor | None) -> int | None:
+    return None if t is None else t.data_ptr()
+
+
+class CpuDecodePlan:
+    """Pure-decode steps of up to GEMV_MAX_ROWS tokens of a float32 Llama-style network on CPU."""
+
+    def __init__(self, network: Any, kv_caches: list[torch.Tensor], libs: tuple[Any, Any, Any]):
+        self.network, self.kv_caches = network, kv_caches
+        self.fused, self.linear, self.attention = libs
+        self.cfg = network.cfg
+        self._prepared: dict[int, tuple[dict[str, torch.Tensor], list[tuple], tuple]] = {}
+
+    @classmethod
+    def build(cls, network: Any, kv_caches: list[torch.Tensor]) -> "CpuDecodePlan | None":
+        """A plan for `network`, or None where it does not qualify (then the network runs every step)."""
+        c = getattr(network, "cfg", None)
+        if c is None or not hasattr(network, "layers") or kv_caches[0].dtype != torch.float32 \
+                or kv_caches[0].device.type != "cpu":
+            return None
+        llama_style = (c.norm == "rms" and c.gated_mlp and c.activation == "silu" and c.position == "rope"
+                       and not c.qk_norm)
+        linears = [network.head_linear] + [m for layer in network.layers
+                                           for m in (layer.attn.qkv, layer.attn.o_proj, layer.mlp.gate_up,
+                                                     layer.mlp.down)] if llama_style else []
+        if not llama_style or not all(isinstance(m, CpuLinear) and m.in_features % 8 == 0 for m in linears):
+            return None
+        if c.hidden_size % 8 or c.head_dim % 8 or c.intermediate_size % 8:
+            return None
+        libs = (cpu_fused.library(), cpu_linear.library(), cpu_native.library())
+        return cls(network, kv_caches, libs) if all(lib is not None for lib in libs) else None
+
+    def can_run(self, inputs: ModelInputs) -> bool:
+        """Pure decode (one token per sequence, each samples, in order) of at most GEMV_MAX_ROWS
+        tokens whose contexts the C attention takes. (`run` is always inference: no autograd.)"""
+        t, m = inputs.num_tokens, inputs.meta
+        return (t <= GEMV_MAX_ROWS and t == m.num_seqs == len(inputs.sample_seq_ids)
+                and m.max_query_len == 1 and m.max_seq_len * t <= cpu_native.MAX_CONTEXT_TOKENS
+                and m.slot_mapping.dtype == torch.int64 and m.block_tables.dtype == torch.int32
+                and m.seq_lens.dtype == torch.int32 and m.block_tables.is_contiguous()
+                and torch.equal(inputs.logits_indices, torch.arange(t)))
+
+    # ---- buffers and argument tuples, once per batch size ------------------------------------
+    def _prepare(self, t: int) -> tuple[dict[str, torch.Tensor], list[tuple], tuple]:
+        """(buffers, per-layer call tuples, final-norm call) for t tokens."""
+        if t in self._prepared:
+            return self._prepared[t]
+        c, net = self.cfg, self.network
+        qkv_width = (c.num_heads + 2 * c.num_kv_heads) * c.head_dim
+        shapes = {"x": c.hidden_size, "residual": c.hidden_size, "h": c.hidden_size, "o": c.hidden_size,
+                  "qkv": qkv_width, "attn": c.num_heads * c.head_dim, "gate_up": 2 * c.intermediate_size,
+                  "act": c.intermediate_size}
+        buf = {name: torch.empty(t, width) for name, width in shapes.items()}
+        p = {name: b.data_ptr() for name, b in buf.items()}
+        eps = ctypes.c_float(c.norm_eps)
+
+        def gemv(x: str, lin: CpuLinear, y: str) -> tuple:
+            return (self.linear.trtforge_gemv, p[x], t, lin.weight.data_ptr(), _ptr(lin.bias), p[y],
+                    lin.out_features, lin.in_features)
+
+        calls = []  # per layer: (norm_in, qkv, o, norm_post, gate_up, silu, down)
+        for i, layer in enumerate(net.layers):
+            first = i == 0
+            calls.append((
+                # layer 0: residual = embeddings (in "residual"), normalised as is; later layers add x first
+                (self.fused.trtforge_rms_norm, p["residual"] if first else p["x"], None if first else p["residual"],
+                 layer.input_norm.weight.data_ptr(), p["h"], t, c.hidden_size, eps),
+                gemv("h", layer.attn.qkv, "qkv"),
+                gemv("attn", layer.attn.o_proj, "o"),
+                (self.fused.trtforge_rms_norm, p["o"], p["residual"], layer.post_attn_norm.weight.data_ptr(),
+                 p["h"], t, c.hidden_size, eps),
+                gemv("h", layer.mlp.gate_up, "gate_up"),
+                (self.fused.trtforge_silu_mul, p["gate_up"], p["act"], t, c.intermediate_size),
+                gemv("act", layer.mlp.down, "x"),
+            ))
+        final = (self.fused.trtforge_rms_norm, p["x"], p["residual"], net.final_norm.weight.data_ptr(), p["h"], t,
+                 c.hidden_size, eps)
+        self._prepared[t] = buf, calls, final
+        return self._prepared[t]
+
+    # ---- one step ----------------------------------------------------------------------------
+    @torch.inference_mode()
+    def run(self, inputs: ModelInputs) -> torch.Tensor:
+        c, net, m = self.cfg, self.network, inputs.meta
+        t = inputs.num_tokens
+        buf, calls, final = self._prepare(t)
+        torch.index_select(net.embed_tokens.weight, 0, inputs.input_ids, out=buf["residual"])
+        cos, sin = rotary_cos_sin(inputs.positions, net.rope_inv_freq, c.rope_attention_scaling, torch.float32)
+        threads = torch.get_num_threads()
+        hq, hkv, d = c.num_heads, c.num_kv_heads, c.head_dim
+        qkv, row = buf["qkv"].data_ptr(), (hq + 2 * hkv) * d
+        rope = (qkv, cos.data_ptr(), sin.data_ptr(), t, hq + hkv, row, d)
+        _, num_blocks, block_size, _, _ = self.kv_caches[0].shape
+        attention = (m.slot_mapping.data_ptr(), m.block_tables.data_ptr(), m.block_tables.shape[1],
+                     m.seq_lens.data_ptr(), buf["attn"].data_ptr(), t, hq, hkv, d, d ** -0.5)
+        k, v = qkv + 4 * hq * d, qkv + 4 * (hq + hkv) * d  # byte offsets of the k and v heads
+        rope_fn, attention_fn = self.fused.trtforge_rope, self.attention.trtforge_decode_attention
+        for (norm_in, qkv_call, o_call, norm_post, gate_up, silu, down), pool in zip(calls, self.kv_caches):
+            norm_in[0](*norm_in[1:])
+            qkv_call[0](*qkv_call[1:], threads)
+            rope_fn(*rope)
+            if attention_fn(qkv, row, k, row, v, row, pool.data_ptr(), num_blocks, block_size, *attention):
+                raise ValueError(f"decode attention: a block id, slot or sequence length is out of range "
+                                 f"(seq_lens={m.seq_lens.tolist()}, slot_mapping={m.slot_mapping.tolist()})")
+            o_call[0](*o_call[1:], threads)
+            norm_post[0](*norm_post[1:])
+            gate_up[0](*gate_up[1:], threads)
+            silu[0](*silu[1:])
+            down[0](*down[1:], threads)
+        final[0](*final[1:])
+        head = net.head_linear
+        logits = torch.empty(t, head.out_features)
+        self.linear.trtforge_gemv(buf["h"].data_ptr(), t, head.weight.data_ptr(), None, logits.data_ptr(),
+                                  head.out_features, head.in_features, threads)
+        return logits

@@ -1,0 +1,91 @@
+"""Executors: run one iteration's packed batch on an engine and return the sampled rows' logits.
+
+The schedule→execute→update loop (engine.py) is written once; an executor is the strategy it
+plugs in — the torch network here, a TensorRT execution context in trt_executor.py.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Protocol
+
+import torch
+
+from trtforge.builder.engine_dir import EngineConfig
+from trtforge.plugins.cpu.linear import cpu_linears_wanted, use_cpu_linears
+from trtforge.builder.loader import load_network, torch_dtype
+
+from .cpu_decode_plan import CpuDecodePlan
+from .model_inputs import ModelInputs
+
+
+class Executor(Protocol):
+    device: torch.device
+
+    def execute(self, inputs: ModelInputs) -> torch.Tensor:
+        """float32 logits [len(inputs.logits_indices), vocab]."""
+
+
+class NetworkExecutor:
+    """Runs a network — trtforge's torch CausalLM (builder/network.py) or a TensorRT plan with the same
+    call signature (trt_executor.TensorRTNetwork) — over per-layer paged KV pools it owns."""
+
+    def __init__(self, network: Any, cfg: EngineConfig, num_blocks: int, device: str | torch.device = "cpu",
+                 cuda_graph_batch_sizes: tuple[int, ...] = ()):
+        self.device = torch.device(device)
+        self.network = network
+        m = cfg.model
+        graphs = bool(cuda_graph_batch_sizes)
+        if graphs and self.device.type != "cuda":
+            raise ValueError(f"CUDA graphs need --device cuda (got {self.device}).")
+        # One pool per layer, [2 (K,V), blocks, block_size, Hkv, D]: see plugins/paged_attention/metadata.py.
+        # With CUDA graphs one more block exists, never handed out: the padding rows' scratch.
+        shape = (2, num_blocks + graphs, cfg.block_size, m.num_kv_heads, m.head_dim)
+        self.kv_caches = [torch.zeros(shape, dtype=torch_dtype(cfg), device=self.device)
+                          for _ in range(m.num_layers)]
+        self.graphs = None
+        if graphs:
+            from .cuda_graphs import CudaGraphRunner
+
+            self.graphs = CudaGraphRunner(network, self.kv_caches, cuda_graph_batch_sizes,
+                                          -(-cfg.max_seq_len // cfg.block_size), num_blocks, cfg.block_size)
+
+        self.cpu_plan = CpuDecodePlan.build(network, self.kv_caches) if self.device.type == "cpu" else None
+        """Small float32 decode steps on CPU as a fixed list of C kernel calls (cpu_decode_plan.py)."""
+
+    def describe(self) -> str:
+        """Which execution paths this executor uses, for the startup log."""
+        parts = [f"{self.device.type}, {self.kv_caches[0].dtype}".replace("torch.", "")]
+        if self.graphs is not None:
+            parts.append(f"CUDA graphs for decode batches {self.graphs.batch_sizes}")
+        if self.device.type == "cpu":
+            from trtforge.plugins.cpu import fused as cpu_fused, linear as cpu_linear
+            from trtforge.plugins.paged_attention import cpu_native
+
+            native = {"fused ops": cpu_fused.library(), "GEMV": cpu_linear.library(),
+                      "decode attention": cpu_native.library()}
+            parts.append("C kernels: " + ", ".join(f"{k} {'on' if v is not None else 'OFF'}"
+                                                   for k, v in native.items()))
+            parts.append("CPU decode plan: " + ("on" if self.cpu_plan is not None else "off"))
+        return "; ".join(parts)
+
+    @torch.inference_mode()
+    def execute(self, inputs: ModelInputs) -> torch.Tensor:
+        if self.graphs is not None and self.graphs.can_run(inputs):
+            return self.graphs.run(inputs)
+        if self.cpu_plan is not None and self.cpu_plan.can_run(inputs):
+            return self.cpu_plan.run(inputs)
+        return self.network(inputs.input_ids, inputs.positions, self.kv_caches, inputs.meta,
+                            inputs.logits_indices)
+
+
+def make_executor(engine_dir: str, cfg: EngineConfig, num_blocks: int, device: str | torch.device,
+                  cuda_graph_batch_sizes: tuple[int, ...] = ()) -> Executor:
+    """The executor engine.json's backend asks for (TensorRT explains what is missing when it can't load)."""
+    if cfg.backend == "tensorrt":
+        from .trt_executor import TensorRTNetwork
+
+        return NetworkExecutor(TensorRTNetwork.from_engine_dir(engine_dir), cfg, num_blocks, "cuda")
+    network = load_network(engine_dir, cfg, device)
+    if cpu_linears_wanted(torch.device(device), torch_dtype(cfg)):
+        use_cpu_linears(network)
+    return NetworkExecutor(network, cfg, num_blocks, device, cuda_graph_batch_sizes)

@@ -1,0 +1,76 @@
+"""SchedulerOutput (ids and counts) → the tensors one iteration of the network needs.
+
+The only place where the scheduler's plain data becomes tensors. Chunks are packed back to back
+(decodes first, then prefill chunks — the scheduler's order); a chunk whose last token reaches
+the end of its sequence contributes one row of logits.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+from trtforge.plugins.paged_attention.metadata import AttentionMetadata
+
+from trtforge.serving.core.scheduler import SchedulerOutput
+
+
+@dataclass
+class ModelInputs:
+    input_ids: torch.Tensor
+    """int64 [T] packed new tokens."""
+    positions: torch.Tensor
+    """int64 [T] absolute positions."""
+    meta: AttentionMetadata
+    logits_indices: torch.Tensor
+    """int64 [S']: index in the packed batch of the last token of each chunk that samples."""
+    sample_seq_ids: list[int]
+    """seq_id of each logits row, in order."""
+
+    @property
+    def num_tokens(self) -> int:
+        return int(self.input_ids.shape[0])
+
+
+def prepare_inputs(out: SchedulerOutput, block_size: int, device: torch.device | str = "cpu") -> ModelInputs:
+    ids: list[int] = []
+    positions: list[int] = []
+    slots: list[int] = []
+    seq_lens: list[int] = []
+    starts = [0]
+    logits_indices: list[int] = []
+    sample_ids: list[int] = []
+    tables = []
+    for chunk in out.chunks:
+        seq, start, n = chunk.seq, chunk.start, chunk.num_tokens
+        end = start + n
+        ids.extend(seq.all_token_ids[start:end]) if n > 1 else ids.append(seq.all_token_ids[start])
+        table = seq.block_table
+        for p in range(start, end):
+            positions.append(p)
+            slots.append(table[p // block_size] * block_size + p % block_size)
+        seq_lens.append(end)
+        starts.append(starts[-1] + n)
+        tables.append(table)
+        if chunk.sample:
+            logits_indices.append(starts[-1] - 1)
+            sample_ids.append(seq.seq_id)
+    width = max(len(t) for t in tables)
+    padded = [t + [0] * (width - len(t)) for t in tables]
+    i32, i64 = torch.int32, torch.int64
+    meta = AttentionMetadata(
+        slot_mapping=torch.tensor(slots, dtype=i64, device=device),
+        block_tables=torch.tensor(padded, dtype=i32, device=device),
+        seq_lens=torch.tensor(seq_lens, dtype=i32, device=device),
+        query_start_loc=torch.tensor(starts, dtype=i32, device=device),
+        max_query_len=max(c.num_tokens for c in out.chunks),
+        max_seq_len=max(seq_lens),
+    )
+    return ModelInputs(
+        input_ids=torch.tensor(ids, dtype=i64, device=device),
+        positions=torch.tensor(positions, dtype=i64, device=device),
+        meta=meta,
+        logits_indices=torch.tensor(logits_indices, dtype=i64, device=device),
+        sample_seq_ids=sample_ids,
+    )

@@ -1,0 +1,77 @@
+"""Request tensors (as the real client encodes them) → prompt + SamplingParams."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from trtforge.model_repo.client import request_arrays
+from trtforge.model_repo.metrics import time_per_output_token, time_to_first_token
+from trtforge.model_repo.request import parse_request, parse_words
+
+
+def test_defaults_are_greedy_and_stream_off():
+    req = parse_request(request_arrays("Hello world", 7))
+    assert req.prompt == "Hello world" and req.params.max_tokens == 7
+    assert req.params.is_greedy and not req.stream and not req.return_log_probs
+    assert not req.exclude_input
+    assert parse_request(request_arrays("x", 1), exclude_input_default=True).exclude_input
+
+
+def test_sampling_inputs_map_to_params():
+    req = parse_request(request_arrays(
+        "café", 9, temperature=0.5, top_k=3, top_p=0.9, seed=2**63 + 5, repetition_penalty=1.2,
+        presence_penalty=0.5, frequency_penalty=-0.5, min_tokens=2, end_id=7,
+        return_log_probs=True, stream=True, exclude_input_in_output=True))
+    p = req.params
+    assert req.prompt == "café"
+    assert (p.temperature, p.top_k, p.seed, p.min_tokens) == (0.5, 3, 2**63 + 5, 2)
+    assert p.top_p == pytest.approx(0.9) and p.repetition_penalty == pytest.approx(1.2)
+    assert p.stop_token_ids == [7] and p.logprobs == 0
+    assert req.stream and req.return_log_probs and req.exclude_input
+
+
+def test_top_p_zero_means_no_filter_as_in_tensorrt_llm():
+    assert parse_request(request_arrays("x", 2, top_p=0.0)).params.top_p == 1.0
+
+
+def test_stop_and_bad_words_are_csv_lines():
+    req = parse_request(request_arrays("x", 2, stop_words=["foo,bar", "", '"a,b"'],
+                                       bad_words="baz"))
+    assert req.params.stop == ["foo", "bar", "a,b"]
+    assert req.params.bad_words == ["baz"]
+    assert parse_words(None, "stop_words") == []
+
+
+@pytest.mark.parametrize("arrays, message", [
+    (request_arrays("x", 0), "max_tokens=0"),
+    (request_arrays("x", 4, min_tokens=5), "min_tokens=5"),
+    (request_arrays("x", 4, temperature=-1.0), "temperature"),
+    (request_arrays("x", 4, beam_width=2), "beam_width=2 is not supported"),
+    (request_arrays("x", 4, return_generation_logits=True), "return_generation_logits"),
+    ({"text_input": np.array([[b"x"]], dtype=object)}, "max_tokens is required"),
+    ({"text_input": np.array([[b"a"], [b"b"]], dtype=object),
+      "max_tokens": np.array([[1], [1]], dtype=np.int32)}, "one prompt per request"),
+    ({"text_input": np.array([[b"\xff"]], dtype=object),
+      "max_tokens": np.array([[1]], dtype=np.int32)}, "not valid UTF-8"),
+])
+def test_bad_requests_say_what_is_wrong(arrays, message):
+    with pytest.raises(ValueError, match=message):
+        parse_request(arrays)
+
+
+def test_client_rejects_unknown_inputs():
+    with pytest.raises(ValueError, match="unknown ensemble input 'best_of'"):
+        request_arrays("x", 1, best_of=2)
+
+
+class _Times:
+    arrival_time = 10.0
+    first_token_time = 10.5
+    finished_time = 12.5
+
+
+def test_ttft_and_tpot_follow_vllm_definitions():
+    assert time_to_first_token(_Times()) == pytest.approx(0.5)
+    assert time_per_output_token(_Times(), 5) == pytest.approx(0.5)  # 2 s over 4 gaps
+    assert time_per_output_token(_Times(), 1) is None

@@ -1,0 +1,38 @@
+"""The CPU linear layer (plugins/cpu/linear.py): the C GEMV for up to GEMV_MAX_ROWS rows and
+oneDNN beyond, both against F.linear, with and without bias, on shapes that leave remainders."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+from trtforge.plugins.cpu import linear as cpu_linear
+from trtforge.plugins.cpu.linear import GEMV_MAX_ROWS, CpuLinear
+
+
+def test_gemv_builds_here():
+    assert cpu_linear.library() is not None
+
+
+@pytest.mark.parametrize("bias", [True, False])
+@pytest.mark.parametrize("rows", [1, 2, 3, 4, 5, 7, GEMV_MAX_ROWS, GEMV_MAX_ROWS + 1, 70])
+def test_matches_f_linear(rows, bias):
+    g = torch.Generator().manual_seed(rows)
+    out_features, in_features = 18, 40  # 18 = four blocks of 4 weight rows + 2 left over
+    w = torch.randn(out_features, in_features, generator=g)
+    b = torch.randn(out_features, generator=g) if bias else None
+    x = torch.randn(rows, in_features, generator=g)
+    layer = CpuLinear(w, b)
+    with torch.inference_mode():
+        got = layer(x)
+    torch.testing.assert_close(got, F.linear(x, w, b), atol=2e-5, rtol=2e-5)
+
+
+def test_three_dimensional_input_and_autograd_fallback():
+    g = torch.Generator().manual_seed(0)
+    w, x = torch.randn(8, 16, generator=g), torch.randn(2, 3, 16, generator=g)
+    layer = CpuLinear(w, None)
+    with torch.inference_mode():
+        torch.testing.assert_close(layer(x), F.linear(x, w), atol=2e-5, rtol=2e-5)
+    torch.testing.assert_close(layer(x), F.linear(x, w), atol=2e-5, rtol=2e-5)  # grad mode: oneDNN

@@ -1,0 +1,70 @@
+"""The CPU decode plan (serving/cpu_decode_plan.py) against the network it replaces for small
+decode steps: same logits up to float32 rounding, the same KV written, and it stands aside for
+everything it does not cover."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from tests.helpers.checkpoints import make_variant
+from trtforge.builder.build import build_engine
+from trtforge.builder.build_config import BuildConfig
+from trtforge.plugins.cpu.linear import GEMV_MAX_ROWS
+from trtforge.serving.engine import LLMEngine
+from trtforge.serving.core.sampling_params import SamplingParams
+
+
+
+def _engine(tmp_path, variant: str) -> LLMEngine:
+    ckpt = make_variant(tmp_path / "ckpt", variant)
+    out, _ = build_engine(str(ckpt), tmp_path / "engine",
+                          BuildConfig(dtype="float32", max_batch_size=64, kv_cache_memory="8MiB"), progress=False)
+    return LLMEngine.from_engine_dir(out)
+
+
+@pytest.mark.parametrize("variant", ["qwen2-gqa-bias-tied", "llama-gqa-llama3rope", "mistral-mqa"])
+def test_plan_matches_the_network(tmp_path, monkeypatch, variant):
+    engine = _engine(tmp_path, variant)
+    ex = engine.executor
+    assert ex.cpu_plan is not None, "a float32 Llama-style CPU engine gets a decode plan"
+    seen, real = [], ex.execute
+
+    def both(inputs):
+        if not ex.cpu_plan.can_run(inputs):
+            return real(inputs)
+        before = [kv.clone() for kv in ex.kv_caches]
+        with torch.inference_mode():
+            planned = ex.cpu_plan.run(inputs)
+            written = [kv.clone() for kv in ex.kv_caches]
+            for kv, b in zip(ex.kv_caches, before):
+                kv.copy_(b)
+            reference = ex.network(inputs.input_ids, inputs.positions, ex.kv_caches, inputs.meta,
+                                   inputs.logits_indices)
+        torch.testing.assert_close(planned, reference, atol=1e-5, rtol=0)
+        assert all(torch.equal(a, b) for a, b in zip(written, ex.kv_caches)), "the plan wrote other KV"
+        assert not any(torch.equal(a, b) for a, b in zip(written, before)), "the plan wrote no KV"
+        seen.append(inputs.num_tokens)
+        return planned
+
+    monkeypatch.setattr(ex, "execute", both)
+    prompts = [[5, 9, 13, 200, 7], list(range(20, 57)), [3] * 16]
+    engine.generate(prompts[:1], SamplingParams(max_tokens=5, ignore_eos=True))
+    engine.generate(prompts, SamplingParams(max_tokens=5, ignore_eos=True))
+    assert seen.count(1) >= 4 and seen.count(3) >= 4, seen
+
+
+def test_plan_stands_aside(tmp_path):
+    engine = _engine(tmp_path, "qwen2-gqa-bias-tied")
+    plan, seen = engine.executor.cpu_plan, []
+    real = plan.can_run
+    plan.can_run = lambda inputs: seen.append((inputs.num_tokens, real(inputs))) or seen[-1][1]
+    many = [[7 + i, 8, 9] for i in range(GEMV_MAX_ROWS + 1)]
+    engine.generate(many, SamplingParams(max_tokens=3, ignore_eos=True))
+    assert (3 * len(many), False) in seen, "a prefill step is the network's"
+    assert (len(many), False) in seen, f"more than {GEMV_MAX_ROWS} decode tokens are oneDNN's"
+
+
+@pytest.mark.parametrize("variant", ["qwen3-headdim-qknorm", "gpt2-untied"])
+def test_other_families_keep_the_network_path(tmp_path, variant):
+    assert _engine(tmp_path, variant).executor.cpu_plan is None
