@@ -41,6 +41,30 @@ def test_dockerfile_is_lint_clean():
     assert result.returncode == 0, result.stdout + result.stderr
 
 
+def _copy_sources(dockerfile: Path) -> list[str]:
+    """Build-context paths of every COPY/ADD (line continuations joined; --from=stage copies skipped)."""
+    text = dockerfile.read_text().replace("\\\n", " ")
+    sources = []
+    for line in text.splitlines():
+        words = line.split()
+        if not words or words[0].upper() not in ("COPY", "ADD"):
+            continue
+        args = [w for w in words[1:] if not w.startswith("--")]
+        if any(w.startswith("--from") for w in words[1:]):
+            continue
+        sources += args[:-1]  # the last argument is the destination
+    return sources
+
+
+def test_dockerfile_copies_only_what_exists():
+    """hadolint cannot see a missing build-context path, and the image cannot be built here: a COPY
+    of a folder that does not exist would only fail on `docker build`."""
+    sources = _copy_sources(ROOT / "Dockerfile")
+    assert {"builder", "plugins", "serving", "model_repo", "pyproject.toml"} <= set(sources)
+    missing = [s for s in sources if not (ROOT / s).exists()]
+    assert not missing, f"Dockerfile COPYs paths that are not in the repository: {missing}"
+
+
 def test_shell_scripts_are_lint_clean():
     scripts = sorted(str(p) for p in [*ROOT.glob("scripts/*.sh"), ROOT / ".ci" / "run"])
     result = subprocess.run([str(BIN / "shellcheck"), *scripts], capture_output=True, text=True)
