@@ -1,6 +1,6 @@
 """Weight tables: how each Hugging Face family's tensors map onto trtforge's one generic decoder.
 
-A new architecture is a new table and a few flags, not a new model file (STYLE §5). Each rule
+A new architecture is a new table and a few flags, not a new model file. Each rule
 names our tensor, the HF tensors it is made from (`{i}` = layer index) and how they combine:
 
     concat   rows of several HF Linear weights stacked (fused q|k|v, fused gate|up)

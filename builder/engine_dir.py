@@ -1,4 +1,4 @@
-"""The engine directory (DESIGN §2): engine.json + rank0 weights + tokenizer files.
+"""The engine directory (docs/architecture.md): engine.json + rank0 weights + tokenizer files.
 
     ENGINE_DIR/
       engine.json            schema, versions, model, build limits, scheduling defaults, report, sha256s

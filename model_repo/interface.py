@@ -1,4 +1,4 @@
-"""The tensors of the `ensemble` interface (REFERENCE §A) and of the engine model behind it.
+"""The tensors of the `ensemble` interface (TensorRT-LLM's inflight_batcher_llm) and of the engine model behind it.
 
 Kept free of protobuf/tritonclient imports: the engine model (model.py) reads it inside the
 python-backend stub, where only the runtime's own dependencies are guaranteed.

@@ -1,7 +1,7 @@
 """Turn the tensors of one Triton request into a prompt and SamplingParams.
 
 Plain numpy in, dataclass out, so it is testable without Triton. The tensor names and meanings
-are those of TensorRT-LLM's `ensemble` (REFERENCE §A). Differences, all documented in
+are those of TensorRT-LLM's `ensemble` (TensorRT-LLM's inflight_batcher_llm). Differences, all documented in
 docs/serving.md:
 
 * `stop_words` / `bad_words`: each string element is read as one CSV line, as TensorRT-LLM's

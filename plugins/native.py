@@ -110,3 +110,22 @@ def load(source: Path, signatures: dict[str, tuple[object, list[object]]],
             lib = None
     _loaded[name] = lib
     return lib
+
+
+class NativeLibrary:
+    """One C source's library, built and loaded at its first `get()` and kept.
+
+    Why an object: each kernel module needs the same lazy handle, and tests swap it (a wrapper
+    that counts kernel calls, or None to force the torch path) by setting `lib`."""
+
+    def __init__(self, source: Path, signatures: dict[str, tuple[object, list[object]]],
+                 extra_flags: tuple[str, ...] = ()):
+        self.source, self.signatures, self.extra_flags = source, signatures, extra_flags
+        self.lib: ctypes.CDLL | None | bool = False
+        """The loaded library; None where it cannot be built; False until the first `get()`."""
+
+    def get(self) -> ctypes.CDLL | None:
+        """The library (loaded now if not yet), or None where it cannot be built."""
+        if self.lib is False:
+            self.lib = load(self.source, self.signatures, self.extra_flags)
+        return self.lib  # type: ignore[return-value]

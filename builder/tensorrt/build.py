@@ -6,7 +6,7 @@ Steps (in the build's temporary directory, so a failure leaves nothing behind):
   3. register the `trtforge::PagedAttention` plugin, parse the ONNX (strongly typed),
      two optimization profiles over the token dimension, timing cache, build `rank0.engine`;
   4. record the TensorRT version in engine.json; drop `rank0.safetensors` (the ONNX holds the
-     weights; DESIGN §2 lists rank0.engine + rank0.onnx for this backend).
+     weights; docs/architecture.md lists rank0.engine + rank0.onnx for this backend).
 
 Profiles: 0 = decode (1 … max_batch_size tokens), 1 = prefill/mixed (1 … max_num_tokens).
 Both allow 1 … max_batch_size sequences, block tables up to ceil(max_seq_len / block_size)

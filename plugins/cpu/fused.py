@@ -24,15 +24,8 @@ _P, _I, _F = ctypes.c_void_p, ctypes.c_int64, ctypes.c_float
 _SIGNATURES = {"trtforge_rms_norm": (None, [_P, _P, _P, _P, _I, _I, _F]),
                "trtforge_silu_mul": (None, [_P, _P, _I, _I]),
                "trtforge_rope": (None, [_P, _P, _P, _I, _I, _I, _I])}
-_SOURCE = Path(__file__).with_name("fused.c")
-_library: ctypes.CDLL | None | bool = False  # False = not loaded yet
-
-
-def library() -> ctypes.CDLL | None:
-    global _library
-    if _library is False:
-        _library = native.load(_SOURCE, _SIGNATURES)
-    return _library
+LIBRARY = native.NativeLibrary(Path(__file__).with_name("fused.c"), _SIGNATURES)
+library = LIBRARY.get  # the library, or None where it cannot be built (then the torch path runs)
 
 
 def native_ok(x: torch.Tensor) -> bool:
@@ -53,7 +46,7 @@ def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float,
     if not (native_ok(x) and weight.is_contiguous() and (residual is None or residual.is_contiguous())):
         return None
     out = torch.empty_like(x)
-    _library.trtforge_rms_norm(x.data_ptr(), None if residual is None else residual.data_ptr(),  # type: ignore[union-attr]
+    LIBRARY.lib.trtforge_rms_norm(x.data_ptr(), None if residual is None else residual.data_ptr(),  # type: ignore[union-attr]
                                weight.data_ptr(), out.data_ptr(), x.numel() // x.shape[-1], x.shape[-1], eps)
     return out, x if residual is None else residual
 
@@ -64,7 +57,7 @@ def silu_mul(gate_up: torch.Tensor) -> torch.Tensor | None:
     if not (native_ok(gate_up) and inter % 8 == 0):
         return None
     out = gate_up.new_empty((*gate_up.shape[:-1], inter))
-    _library.trtforge_silu_mul(gate_up.data_ptr(), out.data_ptr(), gate_up.numel() // (2 * inter), inter)  # type: ignore[union-attr]
+    LIBRARY.lib.trtforge_silu_mul(gate_up.data_ptr(), out.data_ptr(), gate_up.numel() // (2 * inter), inter)  # type: ignore[union-attr]
     return out
 
 
@@ -75,6 +68,6 @@ def rope_heads_(qkv: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, heads: 
             and cos.is_contiguous() and sin.is_contiguous()):
         return False
     tokens, num_heads, head_dim = qkv.shape
-    _library.trtforge_rope(qkv.data_ptr(), cos.data_ptr(), sin.data_ptr(), tokens, heads,  # type: ignore[union-attr]
+    LIBRARY.lib.trtforge_rope(qkv.data_ptr(), cos.data_ptr(), sin.data_ptr(), tokens, heads,  # type: ignore[union-attr]
                            num_heads * head_dim, head_dim)
     return True

@@ -45,15 +45,9 @@ rows with 2 threads, ~30 with 1)."""
 
 _P, _I = ctypes.c_void_p, ctypes.c_int64
 _SIGNATURES = {"trtforge_gemv": (None, [_P, _I, _P, _P, _P, _I, _I, _I])}
-_SOURCE = Path(__file__).with_name("linear.c")
-_library: ctypes.CDLL | None | bool = False  # False = not loaded yet
-
-
-def library() -> ctypes.CDLL | None:
-    global _library
-    if _library is False:
-        _library = native.load(_SOURCE, _SIGNATURES, extra_flags=("-fopenmp", "-ffp-contract=fast"))
-    return _library
+LIBRARY = native.NativeLibrary(Path(__file__).with_name("linear.c"), _SIGNATURES,
+                               extra_flags=("-fopenmp", "-ffp-contract=fast"))
+library = LIBRARY.get  # the library, or None where it cannot be built (then oneDNN runs)
 
 
 def _onednn(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:
@@ -74,7 +68,7 @@ class CpuLinear(nn.Module):
         rows = x.numel() // self.in_features if x.dim() else 0
         if self._gemv_ok and rows <= GEMV_MAX_ROWS and native_ok(x) and library() is not None:
             y = x.new_empty((*x.shape[:-1], self.out_features))
-            _library.trtforge_gemv(  # type: ignore[union-attr]
+            LIBRARY.lib.trtforge_gemv(  # type: ignore[union-attr]
                 x.data_ptr(), rows, self.weight.data_ptr(),
                 None if self.bias is None else self.bias.data_ptr(), y.data_ptr(),
                 self.out_features, self.in_features, torch.get_num_threads())

@@ -134,7 +134,7 @@ def _prefill_one(q, k, v, kv_cache, block_table, cached: int, scale: float):
 
 def paged_attention(q, k, v, kv_cache, slot_mapping, block_tables, seq_lens, query_start_loc,
                     scale: float) -> torch.Tensor:
-    """Write k/v into kv_cache, then causal paged attention; see DESIGN.md §3. -> [T, Hq, D]."""
+    """Write k/v into kv_cache, then causal paged attention; see the op contract in op.py. -> [T, Hq, D]."""
     if kv_cache.dtype != q.dtype:
         raise ValueError(f"the torch attention path needs kv_cache in q's dtype; got kv_cache "
                          f"{kv_cache.dtype} and q {q.dtype}: build the KV pool in the model dtype")

@@ -23,18 +23,8 @@ MAX_CONTEXT_TOKENS = 4096
 _P, _I, _F = ctypes.c_void_p, ctypes.c_int64, ctypes.c_float
 _SIGNATURES = {"trtforge_decode_attention": (ctypes.c_int, [_P, _I, _P, _I, _P, _I, _P, _I, _I, _P, _P, _I,
                                                             _P, _P, _I, _I, _I, _I, _F])}
-
-
-_SOURCE = Path(__file__).with_name("cpu_decode.c")
-_library: ctypes.CDLL | None | bool = False  # False = not loaded yet
-
-
-def library() -> ctypes.CDLL | None:
-    """The compiled kernel, or None where it cannot be built (then the torch path runs)."""
-    global _library
-    if _library is False:
-        _library = native.load(_SOURCE, _SIGNATURES)
-    return _library
+LIBRARY = native.NativeLibrary(Path(__file__).with_name("cpu_decode.c"), _SIGNATURES)
+library = LIBRARY.get  # the compiled kernel, or None where it cannot be built (torch path)
 
 
 def _rows_dense(t: torch.Tensor) -> bool:
@@ -58,7 +48,7 @@ def decode(q, k, v, kv_cache, slot_mapping, block_tables, seq_lens, scale: float
     num_seqs, num_heads, head_dim = q.shape
     _, num_blocks, block_size, num_kv_heads, _ = kv_cache.shape
     out = torch.empty_like(q)
-    status = _library.trtforge_decode_attention(  # type: ignore[union-attr]  (applies() loaded it)
+    status = LIBRARY.lib.trtforge_decode_attention(  # type: ignore[union-attr]  (applies() loaded it)
         q.data_ptr(), q.stride(0), k.data_ptr(), k.stride(0), v.data_ptr(), v.stride(0),
         kv_cache.data_ptr(), num_blocks, block_size,
         slot_mapping.data_ptr(), block_tables.data_ptr(), block_tables.shape[1], seq_lens.data_ptr(),

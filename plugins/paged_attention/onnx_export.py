@@ -61,7 +61,7 @@ def _schema() -> OpSchema:
     attr = OpSchema.Attribute
     return OpSchema(
         OP_TYPE, DOMAIN, 1,
-        doc="Paged-KV attention over packed tokens; writes k/v into the pool (trtforge DESIGN §3).",
+        doc="Paged-KV attention over packed tokens; writes k/v into the pool (the trtforge op contract).",
         inputs=[param("q", "T"), param("k", "T"), param("v", "T"), param("kv_cache", "T"),
                 param("slot_mapping", "I64"), param("block_tables", "I32"),
                 param("seq_lens", "I32"), param("query_start_loc", "I32")],

@@ -22,7 +22,7 @@ from .reference import paged_attention as reference_paged_attention
 
 OP_DOMAIN = "trtforge"
 OP_NAME = "PagedAttention"
-#: Node inputs, in order (DESIGN.md §3).
+#: Node inputs, in order (the op contract, op.py).
 INPUT_NAMES = ("q", "k", "v", "kv_cache", "slot_mapping", "block_tables", "seq_lens",
                "query_start_loc")
 #: Node outputs, in order: attention output [T, Hq, D] and the updated KV pool.

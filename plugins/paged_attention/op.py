@@ -1,8 +1,20 @@
 """`torch.ops.trtforge.paged_attention`: the one attention op of every trtforge network.
 
-The op owns the contract (DESIGN.md §3): it writes the new tokens' k/v into the layer's KV pool
-(declared as a mutation, so tracing and export see it) and returns causal attention over each
-sequence's cached + new context. Which implementation runs is a runtime choice:
+The op owns the contract: it writes the new tokens' k/v into the layer's KV pool (declared as a
+mutation, so tracing and export see it) and returns causal attention over each sequence's cached +
+new context. Per layer and step, for T new tokens packed from S sequences (prefill chunks and
+decode tokens mixed):
+
+    q [T, Hq, D], k/v [T, Hkv, D]        the new tokens (GQA from Hq / Hkv)
+    kv_cache [2, num_blocks, block_size, Hkv, D]   the layer's pool (K then V; NHD per block)
+    slot_mapping int64 [T]               block_id * block_size + offset of each new token
+    block_tables int32 [S, max_blocks]   physical block ids of each sequence
+    seq_lens int32 [S]                   context length after this step (cached + new)
+    query_start_loc int32 [S + 1]        offsets of each sequence's new tokens in the batch
+    scale float                          softmax scale
+    -> [T, Hq, D]; a token at absolute position p attends to cache positions 0..p of its sequence.
+
+Which implementation runs is a runtime choice:
 
     set_attention_impl(name)  >  env TRTFORGE_ATTENTION_IMPL  >  "auto"
     auto: CUDA tensors -> "triton" if trtforge.plugins.paged_attention.triton_kernels imports,

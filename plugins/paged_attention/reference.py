@@ -38,7 +38,7 @@ def paged_attention(q, k, v, kv_cache, slot_mapping, block_tables, seq_lens, que
                     scale: float) -> torch.Tensor:
     """Write k/v into kv_cache, then causal attention of each new token over its context.
 
-    Shapes and meaning as in DESIGN.md §3. Returns [T, Hq, D] in q's dtype.
+    Shapes and meaning: the op contract in op.py (and docs/architecture.md). Returns [T, Hq, D] in q's dtype.
     """
     write_kv(kv_cache, k, v, slot_mapping)
     num_heads, num_kv_heads = q.shape[1], kv_cache.shape[-2]

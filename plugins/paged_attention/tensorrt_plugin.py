@@ -5,7 +5,7 @@ ONNX parser consults for the exported graph's `trtforge::PagedAttention` nodes (
 plugin name, `plugin_namespace` / `plugin_version` attributes; `scale` becomes the plugin's
 one field) and what deserialising a plan needs. Import it before parsing or loading.
 
-Inputs and outputs are those of the ONNX node (DESIGN.md §3):
+Inputs and outputs are those of the ONNX node (the op contract, op.py):
 
     q, k, v, kv_cache, slot_mapping, block_tables, seq_lens, query_start_loc  ->  out, kv_cache_out
 

@@ -1,4 +1,4 @@
-"""OpenAI-Triton kernels for the paged-KV attention op (contract: DESIGN.md §3).
+"""OpenAI-Triton kernels for the paged-KV attention op (contract: op.py).
 
 Three kernels, launched by `paged_attention_triton` (the op's CUDA implementation):
 
@@ -214,7 +214,7 @@ def _combine_splits_kernel(part_acc_ptr, part_m_ptr, part_l_ptr, out_ptr, stride
 
 
 def _check_inputs(q, k, v, kv_cache, slot_mapping, block_tables, seq_lens, query_start_loc):
-    """Raise a ValueError naming the offending value when the inputs break DESIGN.md §3."""
+    """Raise a ValueError naming the offending value when the inputs break the op contract (op.py)."""
     if q.dim() != 3 or k.dim() != 3 or v.shape != k.shape:
         raise ValueError(f"q must be [T, Hq, D] and k, v [T, Hkv, D]; got q {tuple(q.shape)}, "
                          f"k {tuple(k.shape)}, v {tuple(v.shape)}")
@@ -303,7 +303,7 @@ def paged_attention_triton(q, k, v, kv_cache, slot_mapping, block_tables, seq_le
                            query_start_loc, scale: float, max_query_len: int, max_seq_len: int,
                            *, num_kv_splits: int | None = None, tile_n: int | None = None,
                            num_warps: int = 4) -> torch.Tensor:
-    """The paged-attention op (DESIGN.md §3) on Triton kernels: write k/v, then attend.
+    """The paged-attention op (contract: op.py) on Triton kernels: write k/v, then attend.
 
     q [T, Hq, D], k/v [T, Hkv, D], kv_cache [2, num_blocks, block_size, Hkv, D] (updated in
     place), slot_mapping int64 [T], block_tables int32 [S, W], seq_lens int32 [S],

@@ -9,7 +9,7 @@ plus the per-request latency and KV-memory experiments, all measured in ONE run 
       ├─ KV waste (allocated-but-unused slots) and concurrency vs a max_seq_len reservation
       └─ batch-1 decode step vs the memory-bandwidth bound (copy bandwidth measured here)
 
-A benchmark is a script with a report, not a timed test (STYLE §12).
+A benchmark is a script with a report, not a timed test.
 """
 
 from __future__ import annotations

@@ -1,6 +1,6 @@
 """The serving benchmark's metric math (TTFT, TPOT, ITL, percentiles, throughput, goodput).
 
-Expected values are computed by hand from the definitions in `vllm bench serve` (REFERENCE §E),
+Expected values are computed by hand from the definitions in `vllm bench serve` ,
 independently of the code under test.
 """
 

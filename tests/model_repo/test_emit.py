@@ -14,7 +14,7 @@ from trtforge.model_repo import params as P
 from trtforge.model_repo.cli import emit_repo_command
 from trtforge.model_repo.emit import MODEL_PY, emit_repo, engine_parameters, read_config
 
-# REFERENCE §A: the ensemble interface TensorRT-LLM clients rely on.
+# The ensemble interface TensorRT-LLM clients rely on.
 REQUIRED = {"text_input": mc.TYPE_STRING, "max_tokens": mc.TYPE_INT32}
 OPTIONAL = {
     "temperature": mc.TYPE_FP32, "top_k": mc.TYPE_INT32, "top_p": mc.TYPE_FP32,

@@ -1,6 +1,6 @@
 """Triton python-backend model running a trtforge engine (decoupled, in-flight batching).
 
-Copied into `<repo>/llm/1/model.py` by `trtforge emit-repo`. A thin adapter (STYLE §9, after
+Copied into `<repo>/ensemble/1/model.py` by `trtforge emit-repo`. A thin adapter (after
 triton-inference-server/vllm_backend):
 
 * `execute()` only parses each request and queues it, then returns: Triton keeps calling it

@@ -114,12 +114,12 @@ def test_network_with_and_without_the_kernels(tmp_path, monkeypatch):
             calls[self.key] += 1
             return getattr(self.inner, name)
 
-    monkeypatch.setattr(cpu_fused, "_library", Counting(lib, "fused"))
-    monkeypatch.setattr(cpu_native, "_library", Counting(attn, "attention"))
+    monkeypatch.setattr(cpu_fused.LIBRARY, "lib", Counting(lib, "fused"))
+    monkeypatch.setattr(cpu_native.LIBRARY, "lib", Counting(attn, "attention"))
     fused = run()
     assert calls["fused"] > 0 and calls["attention"] > 0, "the engine did not use the kernels"
-    monkeypatch.setattr(cpu_fused, "_library", None)
-    monkeypatch.setattr(cpu_native, "_library", None)
+    monkeypatch.setattr(cpu_fused.LIBRARY, "lib", None)
+    monkeypatch.setattr(cpu_native.LIBRARY, "lib", None)
     plain = run()
     for a, b in zip(fused, plain):
         assert a.output_token_ids == b.output_token_ids
