@@ -13,6 +13,8 @@ from pathlib import Path
 
 import click
 
+from trtforge.plugins.paged_attention.names import OP_TYPE, QUALIFIED_NAME
+
 from ..errors import BuildError
 from .build import build_tensorrt  # noqa: F401  (re-export for the build CLI)
 
@@ -53,7 +55,7 @@ def export_onnx_cmd(engine_dir: str, out_dir: str, dtype: str) -> None:
         "engine_dir": str(Path(engine_dir).resolve()), "dtype": str(next(model.parameters()).dtype),
         "kv_block_size": cfg.block_size, "num_layers": cfg.model.num_layers}, indent=2))
     click.echo(f"wrote {path} ({sum(counts.values())} nodes, "
-               f"{counts.get('trtforge::PagedAttention', 0)} PagedAttention)")
+               f"{counts.get(QUALIFIED_NAME, 0)} {OP_TYPE})")
 
 
 @click.command("verify-onnx", context_settings={"show_default": True})

@@ -15,7 +15,7 @@ Graph interface (names are the contract with `serving/trt_executor.py` and `onnx
 
 T, S, W, N and S' are dynamic; everything else (layers, heads, block size, dtypes) is baked in,
 because TensorRT 11 builds strongly typed networks from the dtypes in the file. Each layer's
-attention is exactly one `trtforge::PagedAttention` node (see onnx_paged_attention.py).
+attention is exactly one `trtforge::PagedAttention` node (plugins/paged_attention/onnx_export.py).
 Weights go to an external-data file when the model is over ONNX's 2 GB protobuf limit.
 """
 
@@ -30,7 +30,8 @@ from torch import nn
 from trtforge.plugins.paged_attention.metadata import AttentionMetadata
 
 from ..errors import BuildError
-from trtforge.plugins.paged_attention.onnx_export import DOMAIN, OP_TYPE, redirect_paged_attention, translation_table
+from trtforge.plugins.paged_attention.names import DOMAIN, OP_TYPE, QUALIFIED_NAME
+from trtforge.plugins.paged_attention.onnx_export import redirect_paged_attention, translation_table
 
 log = logging.getLogger(__name__)
 
@@ -159,10 +160,10 @@ def check_graph(path: str | Path, num_layers: int) -> dict[str, int]:
         counts[key] = counts.get(key, 0) + 1
         if node.domain not in ("", "ai.onnx") and (node.domain, node.op_type) != (DOMAIN, OP_TYPE):
             raise BuildError(f"{path}: unexpected custom node {key} ({node.name}); TensorRT only "
-                             f"has a plugin for {DOMAIN}::{OP_TYPE}")
-    found = counts.get(f"{DOMAIN}::{OP_TYPE}", 0)
+                             f"has a plugin for {QUALIFIED_NAME}")
+    found = counts.get(QUALIFIED_NAME, 0)
     if found != num_layers:
-        raise BuildError(f"{path}: {found} {DOMAIN}::{OP_TYPE} nodes for {num_layers} layers; "
+        raise BuildError(f"{path}: {found} {QUALIFIED_NAME} nodes for {num_layers} layers; "
                          "re-export with `trtforge export-onnx`")
     got_in = [i.name for i in model.graph.input]
     got_out = [o.name for o in model.graph.output]

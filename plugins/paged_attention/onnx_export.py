@@ -30,10 +30,9 @@ from onnx.defs import OpSchema
 
 import trtforge.plugins.paged_attention  # noqa: F401  (registers torch.ops.trtforge.paged_attention)
 from trtforge.plugins.paged_attention import reference
+from trtforge.plugins.paged_attention.names import (DOMAIN, DOMAIN_VERSION, INPUT_NAMES, OP_TYPE, OUTPUT_NAMES,
+                                                  PLUGIN_NAMESPACE, PLUGIN_VERSION)
 
-DOMAIN = "trtforge"
-OP_TYPE = "PagedAttention"
-PLUGIN_VERSION = "1"
 FLOAT_TYPES = ["tensor(float)", "tensor(float16)", "tensor(bfloat16)"]
 
 
@@ -59,13 +58,12 @@ def _schema() -> OpSchema:
     """ONNX schema of the node: lets onnxscript build it with two typed outputs."""
     param = OpSchema.FormalParameter
     attr = OpSchema.Attribute
+    input_types = ("T", "T", "T", "T", "I64", "I32", "I32", "I32")  # in INPUT_NAMES order
     return OpSchema(
-        OP_TYPE, DOMAIN, 1,
+        OP_TYPE, DOMAIN, DOMAIN_VERSION,
         doc="Paged-KV attention over packed tokens; writes k/v into the pool (the trtforge op contract).",
-        inputs=[param("q", "T"), param("k", "T"), param("v", "T"), param("kv_cache", "T"),
-                param("slot_mapping", "I64"), param("block_tables", "I32"),
-                param("seq_lens", "I32"), param("query_start_loc", "I32")],
-        outputs=[param("out", "T"), param("kv_cache_out", "T")],
+        inputs=[param(name, typ) for name, typ in zip(INPUT_NAMES, input_types, strict=True)],
+        outputs=[param(name, "T") for name in OUTPUT_NAMES],
         type_constraints=[("T", FLOAT_TYPES, "activations and KV pool"),
                           ("I64", ["tensor(int64)"], "slots"),
                           ("I32", ["tensor(int32)"], "tables, lengths and offsets")],
@@ -75,7 +73,7 @@ def _schema() -> OpSchema:
     )
 
 
-_OPSET = onnxscript.values.Opset(DOMAIN, 1)
+_OPSET = onnxscript.values.Opset(DOMAIN, DOMAIN_VERSION)
 _PAGED_ATTENTION = onnxscript.values.Op(_OPSET, OP_TYPE, op_schema=_schema())
 
 
@@ -83,7 +81,7 @@ def _translate(q, k, v, kv_cache, slot_mapping, block_tables, seq_lens, query_st
                scale: float):
     """custom_translation_table entry: one `trtforge::PagedAttention` node."""
     out, kv_out = _PAGED_ATTENTION(q, k, v, kv_cache, slot_mapping, block_tables, seq_lens,
-                                   query_start_loc, scale=scale, plugin_namespace=DOMAIN,
+                                   query_start_loc, scale=scale, plugin_namespace=PLUGIN_NAMESPACE,
                                    plugin_version=PLUGIN_VERSION)
     return out, kv_out
 

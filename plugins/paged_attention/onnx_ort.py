@@ -18,15 +18,8 @@ from pathlib import Path
 import numpy as np
 import torch
 
+from .names import QUALIFIED_NAME
 from .reference import paged_attention as reference_paged_attention
-
-OP_DOMAIN = "trtforge"
-OP_NAME = "PagedAttention"
-#: Node inputs, in order (the op contract, op.py).
-INPUT_NAMES = ("q", "k", "v", "kv_cache", "slot_mapping", "block_tables", "seq_lens",
-               "query_start_loc")
-#: Node outputs, in order: attention output [T, Hq, D] and the updated KV pool.
-OUTPUT_NAMES = ("out", "kv_cache_out")
 
 
 def _run_node(q, k, v, kv_cache, slot_mapping, block_tables, seq_lens, query_start_loc,
@@ -54,7 +47,7 @@ def register_pyop() -> str:
             "pip install 'trtforge[onnx]'") from exc
     f32, i64, i32 = PyCustomOpDef.dt_float, PyCustomOpDef.dt_int64, PyCustomOpDef.dt_int32
     onnx_op(
-        op_type=f"{OP_DOMAIN}::{OP_NAME}",
+        op_type=QUALIFIED_NAME,  # onnxruntime-extensions spells it domain::op_type
         inputs=[f32, f32, f32, f32, i64, i32, i32, i32],
         outputs=[f32, f32],
         # plugin_namespace / plugin_version are for TensorRT's ONNX parser; declared so the

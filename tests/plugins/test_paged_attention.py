@@ -309,3 +309,16 @@ def test_native_decode_routing():
     assert cpu_native.applies(*args, lens)
     assert not cpu_native.applies(*case.to(dtype=torch.bfloat16).op_args()[:7], lens)
     assert not cpu_native.applies(*args, [cpu_native.MAX_CONTEXT_TOKENS, 1])
+
+
+def test_op_names_are_the_published_contract():
+    """Exported graphs and TensorRT plans carry these names and docs/tensorrt.md publishes them:
+    changing one orphans the engines already built, so it must be deliberate."""
+    from trtforge.plugins.paged_attention import names
+
+    assert (names.DOMAIN, names.DOMAIN_VERSION, names.OP_TYPE) == ("trtforge", 1, "PagedAttention")
+    assert (names.PLUGIN_NAMESPACE, names.PLUGIN_VERSION) == ("trtforge", "1")
+    assert names.QUALIFIED_NAME == "trtforge::PagedAttention"
+    assert names.INPUT_NAMES == ("q", "k", "v", "kv_cache", "slot_mapping", "block_tables", "seq_lens",
+                                 "query_start_loc")
+    assert names.OUTPUT_NAMES == ("out", "kv_cache_out")

@@ -16,6 +16,7 @@ from trtforge.builder.engine_dir import read_engine_config
 from trtforge.builder.tensorrt.cli import export_onnx_cmd, verify_onnx_cmd
 from trtforge.builder.tensorrt.onnx_export import check_graph, input_names, output_names
 from trtforge.builder.tensorrt.onnx_verify import verify
+from trtforge.plugins.paged_attention.names import DOMAIN, OP_TYPE, PLUGIN_NAMESPACE, PLUGIN_VERSION, QUALIFIED_NAME
 
 ARCHS = ("llama", "qwen2", "qwen3", "gpt2")  # as in conftest.py
 
@@ -39,13 +40,14 @@ def test_graph_has_one_plugin_node_per_layer_and_nothing_else_custom(arch, engin
     model = onnx.load(str(path))
     onnx.checker.check_model(model)
     num_layers = int({p.key: p.value for p in model.metadata_props}["trtforge.num_layers"])
-    plugin_nodes = [n for n in model.graph.node if n.domain == "trtforge"]
+    plugin_nodes = [n for n in model.graph.node if n.domain == DOMAIN]
     assert len(plugin_nodes) == num_layers == 2
-    assert {n.op_type for n in plugin_nodes} == {"PagedAttention"}
-    assert all(n.domain in ("", "trtforge") for n in model.graph.node)
+    assert {n.op_type for n in plugin_nodes} == {OP_TYPE}
+    assert all(n.domain in ("", DOMAIN) for n in model.graph.node)
     for node in plugin_nodes:
         attrs = {a.name: helper.get_attribute_value(a) for a in node.attribute}
-        assert attrs["plugin_namespace"] == b"trtforge" and attrs["plugin_version"] == b"1"
+        assert attrs["plugin_namespace"] == PLUGIN_NAMESPACE.encode()
+        assert attrs["plugin_version"] == PLUGIN_VERSION.encode()
         assert attrs["scale"] == pytest.approx(head_dim ** -0.5)
         assert len(node.output) == 2  # attention output + present KV
     assert [i.name for i in model.graph.input] == input_names(num_layers)
@@ -57,7 +59,7 @@ def test_graph_has_one_plugin_node_per_layer_and_nothing_else_custom(arch, engin
     assert dims["kv_cache_0"][0] == 2 and dims["kv_cache_0"][2] == 4  # K/V, block size
     # Strongly typed: the KV pool dtype is baked in.
     assert model.graph.input[-1].type.tensor_type.elem_type == onnx.TensorProto.FLOAT
-    assert check_graph(path, num_layers)["trtforge::PagedAttention"] == 2
+    assert check_graph(path, num_layers)[QUALIFIED_NAME] == 2
 
 
 @pytest.mark.parametrize("arch", ARCHS)

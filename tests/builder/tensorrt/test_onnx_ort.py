@@ -8,7 +8,9 @@ import torch
 from onnx import TensorProto, helper
 
 from trtforge.plugins.paged_attention import reference
-from trtforge.plugins.paged_attention.onnx_ort import INPUT_NAMES, OUTPUT_NAMES, make_session
+from trtforge.plugins.paged_attention.names import (DOMAIN, DOMAIN_VERSION, INPUT_NAMES, OP_TYPE, OUTPUT_NAMES,
+                                                  PLUGIN_NAMESPACE, PLUGIN_VERSION)
+from trtforge.plugins.paged_attention.onnx_ort import make_session
 from trtforge.plugins.paged_attention.testing import make_case
 
 
@@ -20,12 +22,12 @@ def single_node_graph(path, case) -> None:
     inputs = [helper.make_tensor_value_info(n, types[t.dtype], [None] * t.dim())
               for n, t in tensors.items()]
     outputs = [helper.make_tensor_value_info(n, TensorProto.FLOAT, None) for n in OUTPUT_NAMES]
-    node = helper.make_node("PagedAttention", list(INPUT_NAMES), list(OUTPUT_NAMES),
-                            domain="trtforge", scale=case.scale, plugin_namespace="trtforge",
-                            plugin_version="1")
+    node = helper.make_node(OP_TYPE, list(INPUT_NAMES), list(OUTPUT_NAMES),
+                            domain=DOMAIN, scale=case.scale, plugin_namespace=PLUGIN_NAMESPACE,
+                            plugin_version=PLUGIN_VERSION)
     graph = helper.make_graph([node], "one_node", inputs, outputs)
     model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 18),
-                                                    helper.make_opsetid("trtforge", 1)])
+                                                    helper.make_opsetid(DOMAIN, DOMAIN_VERSION)])
     onnx.save(model, path)
 
 
