@@ -13,6 +13,12 @@ def kv_bytes_per_token(cfg: ModelConfig, dtype: str) -> int:
     return 2 * cfg.num_layers * cfg.num_kv_heads * cfg.head_dim * DTYPE_BYTES[dtype]
 
 
+def kv_num_blocks(cfg: ModelConfig, dtype: str, block_size: int, kv_cache_bytes: int) -> int:
+    """Whole KV blocks of `block_size` tokens that `kv_cache_bytes` of memory holds: what the
+    build reports and what the runtime allocates."""
+    return kv_cache_bytes // (kv_bytes_per_token(cfg, dtype) * block_size)
+
+
 @dataclass
 class BuildReport:
     parameters: int
@@ -46,8 +52,7 @@ class BuildReport:
 def make_report(cfg: ModelConfig, build: BuildConfig, dtype: str, parameters: int,
                 weight_bytes: int) -> BuildReport:
     per_token = kv_bytes_per_token(cfg, dtype)
-    per_block = per_token * build.kv_block_size
-    blocks = build.kv_cache_bytes // per_block
+    blocks = kv_num_blocks(cfg, dtype, build.kv_block_size, build.kv_cache_bytes)
     tokens = blocks * build.kv_block_size
     return BuildReport(parameters=parameters, weight_bytes=weight_bytes, kv_bytes_per_token=per_token,
                        kv_cache_bytes=build.kv_cache_bytes, kv_num_blocks=blocks, kv_tokens=tokens,

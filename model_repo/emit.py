@@ -89,18 +89,12 @@ def scheduler_parameters(engine: dict, overrides: dict[str, Any]) -> dict[str, s
     """Every SchedulerConfig field: the engine's recorded defaults, then `overrides`; validated
     so that a bad value fails here rather than at model load."""
     P.check_unknown_overrides(overrides)
-    cls = P.scheduler_config_cls()
-    names = P.scheduler_parameter_names()
-    build = engine.get("build", {})
-    known_engine = {"max_seq_len": build.get("max_seq_len"), "block_size": build.get("kv_block_size")}
-    values = {k: v for k, v in known_engine.items() if isinstance(v, int)}
-    recorded = engine.get("scheduling") or engine.get("scheduler") or {}
-    values.update({k: v for k, v in recorded.items() if k in names})
-    overrides = {k: v for k, v in overrides.items() if v is not None}
-    values.update(overrides)
-    config = cls(**values)
-    config.validate()  # ConfigError names the field, the value and the allowed range
-    return {name: P.to_parameter(getattr(config, name)) for name in names}
+    given = {k: v for k, v in overrides.items() if v is not None}  # None: option not given
+    # The runtime's own rule (the pool size is not known here: its default stands in for it);
+    # ConfigError names the field, the value and the allowed range.
+    config = P.scheduler_config_cls().for_engine(engine["build"], engine.get("scheduling", {}),
+                                                 overrides=given)
+    return {name: P.to_parameter(getattr(config, name)) for name in P.scheduler_parameter_names()}
 
 
 def _checked_bytes(size: str | None) -> str:

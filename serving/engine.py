@@ -23,7 +23,7 @@ import torch
 from trtforge.builder.build_config import parse_bytes
 from trtforge.builder.engine_dir import EngineConfig, read_engine_config
 from trtforge.builder.loader import load_tokenizer
-from trtforge.builder.report import kv_bytes_per_token
+from trtforge.builder.report import kv_num_blocks
 
 from .core.config import SchedulerConfig
 from .worker.cuda_graphs import DEFAULT_BATCH_SIZES
@@ -66,16 +66,10 @@ class _Request:
     cum_logprob: float = 0.0
 
 
-def scheduler_config_for(cfg: EngineConfig, num_blocks: int, overrides: dict[str, Any]) -> SchedulerConfig:
-    base = SchedulerConfig(max_seq_len=cfg.max_seq_len, block_size=cfg.block_size, num_blocks=num_blocks)
-    return base.with_overrides(**{**cfg.scheduling, **overrides})
-
-
 def num_kv_blocks(cfg: EngineConfig, kv_cache_memory: str | int | None) -> int:
-    """Blocks the KV budget buys (engine.json's budget unless overridden)."""
+    """Blocks the KV budget buys (engine.json's budget unless overridden), at least one."""
     budget = parse_bytes(kv_cache_memory if kv_cache_memory is not None else cfg.build["kv_cache_memory"])
-    per_block = kv_bytes_per_token(cfg.model, cfg.dtype) * cfg.block_size
-    return max(1, budget // per_block)
+    return max(1, kv_num_blocks(cfg.model, cfg.dtype, cfg.block_size, budget))
 
 
 class LLMEngine:
@@ -104,7 +98,7 @@ class LLMEngine:
         max_batch_size (device cuda only)."""
         cfg = read_engine_config(path, verify_checksums=verify_checksums)
         blocks = num_kv_blocks(cfg, kv_cache_memory)
-        sched = scheduler_config_for(cfg, blocks, scheduler_overrides)
+        sched = SchedulerConfig.for_engine(cfg.build, cfg.scheduling, blocks, scheduler_overrides)
         sizes = tuple(b for b in DEFAULT_BATCH_SIZES if b < sched.max_batch_size) + (sched.max_batch_size,)
         executor = make_executor(str(path), cfg, blocks, device, sizes if cuda_graphs else ())
         return cls(cfg, executor, load_tokenizer(path), sched)

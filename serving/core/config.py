@@ -8,6 +8,7 @@ and `num_blocks` describe the engine and the KV memory; the engine fills them in
 from __future__ import annotations
 
 import dataclasses
+from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any, ClassVar
 
@@ -57,6 +58,30 @@ class SchedulerConfig:
         "prefill_order": ("fcfs", "shortest_first"),
         "policy": ("max_utilization", "guaranteed_no_evict"),
     }
+    # Fields that describe the engine and its KV pool, not a scheduling choice (a comment, not a
+    # docstring: field_docs() would take it for a field's help text).
+    ENGINE_FIELDS: ClassVar[tuple[str, ...]] = ("max_seq_len", "block_size", "num_blocks")
+
+    @classmethod
+    def for_engine(cls, build: Mapping[str, Any], scheduling: Mapping[str, Any],
+                   num_blocks: int | None = None,
+                   overrides: Mapping[str, Any] | None = None) -> SchedulerConfig:
+        """The scheduler of an engine, from what engine.json records: its limits (`build`:
+        max_seq_len, kv_block_size), the KV pool (`num_blocks`; None: the default, for checking
+        values before the pool is known), its scheduling defaults (`scheduling`), then `overrides`.
+        Validated: ConfigError names a bad value."""
+        engine = {"max_seq_len": int(build["max_seq_len"]), "block_size": int(build["kv_block_size"])}
+        if num_blocks is not None:
+            engine["num_blocks"] = num_blocks
+        overrides = dict(overrides or {})
+        given = sorted(set(overrides) & set(cls.ENGINE_FIELDS))
+        if given:
+            raise ConfigError(f"{given} describe the engine, not its scheduling: rebuild it "
+                              "(build-engine --max-seq-len / --kv-block-size) or give the KV cache "
+                              "another amount of memory to change the number of KV blocks")
+        # The engine's own values win over any engine field recorded among the scheduling ones.
+        recorded = {k: v for k, v in scheduling.items() if k not in cls.ENGINE_FIELDS}
+        return cls(**engine).with_overrides(**{**recorded, **overrides})
 
     @classmethod
     def field_docs(cls) -> dict[str, str]:

@@ -104,6 +104,20 @@ def test_config_coerce_judges_only_the_given_values():
         SchedulerConfig.coerce({"max_num_seqs": 4})
 
 
+def test_config_for_engine_takes_limits_then_recorded_defaults_then_overrides():
+    build = {"max_seq_len": 128, "kv_block_size": 16, "max_batch_size": 8}
+    recorded = {"max_num_tokens": 256, "max_batch_size": 8, "prefill_chunk_size": 256,
+                "block_size": 4}  # block_size is the engine's (build's), not a scheduling default
+    cfg = SchedulerConfig.for_engine(build, recorded, 40, {"max_batch_size": "2"})
+    assert (cfg.max_seq_len, cfg.block_size, cfg.num_blocks) == (128, 16, 40)
+    assert (cfg.max_num_tokens, cfg.max_batch_size) == (256, 2)
+    assert SchedulerConfig.for_engine(build, {}).num_blocks == SchedulerConfig().num_blocks
+    with pytest.raises(ConfigError, match="describe the engine"):
+        SchedulerConfig.for_engine(build, {}, 40, {"num_blocks": 10})
+    with pytest.raises(ConfigError, match="prefill_chunk_size=256"):  # the recorded one no longer fits
+        SchedulerConfig.for_engine(build, recorded, 40, {"max_num_tokens": 64})
+
+
 def test_runtime_modules_do_not_import_torch():
     code = ("import sys; import trtforge.serving.core.config, trtforge.serving.core.sequence, "
             "trtforge.serving.core.block_pool, trtforge.serving.core.kv_cache_manager, "
