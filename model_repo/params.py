@@ -10,9 +10,10 @@ the model load with the parameter's name, the value and what it should be.
 from __future__ import annotations
 
 import dataclasses
-import types
 import typing
 from typing import Any
+
+from trtforge.builder.config_docs import parse_text
 
 # Parameters of the engine model that are not scheduler fields.
 ENGINE_DIR = "engine_dir"
@@ -63,18 +64,6 @@ def scheduler_field_docs() -> dict[str, str]:
     return scheduler_config_cls().field_docs()
 
 
-def _base_type(hint: Any) -> tuple[type, bool]:
-    """(the concrete type, whether None is allowed) of a field's type hint."""
-    origin = typing.get_origin(hint)
-    if origin is typing.Literal:
-        return type(typing.get_args(hint)[0]), False
-    if origin in (typing.Union, types.UnionType):
-        args = [a for a in typing.get_args(hint) if a is not type(None)]
-        base, _ = _base_type(args[0]) if len(args) == 1 else (str, False)
-        return base, True
-    return (hint if isinstance(hint, type) else str), False
-
-
 def to_parameter(value: Any) -> str:
     """A field value as a Triton parameter string ("" for None, lower-case booleans)."""
     if value is None:
@@ -85,27 +74,9 @@ def to_parameter(value: Any) -> str:
 
 
 def from_parameter(name: str, text: str, hint: Any) -> Any:
-    """Parse one parameter string into the field's type; ValueError names what is wrong."""
-    base, nullable = _base_type(hint)
-    text = text.strip()
-    if text == "" or text.lower() == "none":
-        if nullable:
-            return None
-        raise ValueError(f"parameter {name!r} is empty; it needs a {base.__name__} value.")
-    if base is bool:
-        if text.lower() in ("true", "1", "yes", "on"):
-            return True
-        if text.lower() in ("false", "0", "no", "off"):
-            return False
-        raise ValueError(f"parameter {name!r}={text!r} is not a boolean; write true or false.")
-    try:
-        if base is int:
-            return int(float(text)) if float(text).is_integer() else int(text)
-        return base(text)
-    except (TypeError, ValueError):
-        raise ValueError(
-            f"parameter {name!r}={text!r} is not a valid {base.__name__}."
-        ) from None
+    """Parse one parameter string into the field's type (the rules of every option front:
+    builder/config_docs.parse_text); ValueError names the parameter, the value and the type."""
+    return parse_text(name, text, hint)
 
 
 def scheduler_values(parameters: dict[str, str]) -> dict[str, Any]:

@@ -10,9 +10,9 @@ from __future__ import annotations
 import dataclasses
 from collections.abc import Mapping
 from dataclasses import dataclass
-from typing import Any, ClassVar
+from typing import Any, ClassVar, get_type_hints
 
-from trtforge.builder.config_docs import field_docs
+from trtforge.builder.config_docs import field_docs, parse_text
 
 
 class ConfigError(ValueError):
@@ -153,7 +153,7 @@ def _at_least(name: str, value: int, low: int, why: str = "") -> None:
 
 # Field kinds, from the annotations (kept as strings by `from __future__ import annotations`).
 _KINDS: dict[str, str] = {f.name: str(f.type) for f in dataclasses.fields(SchedulerConfig)}
-_TRUE, _FALSE = {"1", "true", "yes", "on"}, {"0", "false", "no", "off"}
+_HINTS: dict[str, Any] = get_type_hints(SchedulerConfig)  # the same, evaluated: for parse_text
 
 
 def _typed(values: dict[str, Any]) -> dict[str, Any]:
@@ -161,7 +161,7 @@ def _typed(values: dict[str, Any]) -> dict[str, Any]:
     for key, value in values.items():
         if key not in _KINDS:
             raise ConfigError(f"unknown scheduler option {key!r}; known options: {', '.join(_KINDS)}")
-        typed[key] = _coerce(key, value, _KINDS[key]) if isinstance(value, str) else value
+        typed[key] = parse_text(key, value, _HINTS[key], ConfigError) if isinstance(value, str) else value
     return typed
 
 
@@ -175,21 +175,3 @@ def _check_type(name: str, value: Any, kind: str) -> None:
     if not ok:
         raise ConfigError(f"{name}={value!r} is invalid: must be {kind}, got {type(value).__name__}")
 
-
-def _coerce(name: str, text: str, kind: str) -> Any:
-    """Convert a string option to the field's type, with a message naming the option if it fails."""
-    base, raw = kind.removesuffix("| None").strip(), text.strip()
-    if kind.endswith("| None") and raw.lower() in ("", "none", "null"):
-        return None
-    try:
-        if base == "int":
-            return int(raw)
-        if base == "float":
-            return float(raw)
-        if base == "bool" and raw.lower() in _TRUE | _FALSE:
-            return raw.lower() in _TRUE
-        if base == "str":
-            return raw
-    except ValueError:
-        pass
-    raise ConfigError(f"{name}={text!r} is invalid: expected {kind}")

@@ -118,10 +118,11 @@ def test_parameter_strings_parse_with_errors_naming_the_parameter():
     assert P.from_parameter("x", "true", bool) is True
     assert P.from_parameter("x", "off", bool) is False
     assert P.from_parameter("x", "12", int) == 12
+    assert P.from_parameter("x", "12.0", int) == 12  # the same rules as build-engine --schedule
     assert P.from_parameter("x", "", int | None) is None
-    with pytest.raises(ValueError, match="'max_num_tokens'='sixty'"):
+    with pytest.raises(ValueError, match="max_num_tokens='sixty' is invalid: expected int"):
         P.scheduler_values({"max_num_tokens": "sixty"})
-    with pytest.raises(ValueError, match="'enable_prefix_caching'='maybe'"):
+    with pytest.raises(ValueError, match="enable_prefix_caching='maybe' is invalid: expected bool"):
         P.scheduler_values({"enable_prefix_caching": "maybe"})
 
 
