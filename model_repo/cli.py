@@ -29,7 +29,7 @@ from .bench.serve import serve as bench_serve_command  # noqa: F401  (`trtforge 
                    "prompt out of non-streamed text_output (TensorRT-LLM includes it).")
 @click.option("--kv-cache-memory", default=None,
               help="Memory for the paged KV cache, e.g. 512MiB (default: engine.json's budget).")
-@dataclass_options(SchedulerConfig, exclude=ENGINE_FIELDS)
+@dataclass_options(SchedulerConfig, exclude=ENGINE_FIELDS, default_text="the engine's engine.json value, else {default}")
 def emit_repo_command(engine_dir: str, repo_dir: str, device: str,
                       triton_max_batch_size: int | None, exclude_input_in_output: bool,
                       kv_cache_memory: str | None, **scheduler: object) -> None:
