@@ -10,7 +10,7 @@ from typing import Any
 
 import click
 
-from .build_config import BuildConfig
+from .build_config import BACKENDS, BuildConfig
 from .config_docs import dataclass_options, pick
 from .errors import BuildError
 
@@ -31,9 +31,6 @@ def _backend_hook(build: BuildConfig) -> Any:
 
         require_tensorrt()  # fail before converting anything when TensorRT or the GPU is missing
         return build_tensorrt
-    if build.backend == "trtllm":
-        raise BuildError("--backend trtllm is not available yet in this trtforge version; use --backend torch "
-                         "(CPU/CUDA) or --backend tensorrt (GPU).")
     return None
 
 
@@ -44,9 +41,9 @@ def _backend_hook(build: BuildConfig) -> Any:
 @click.option("--triton-repo", type=click.Path(file_okay=False), default=None,
               help="Also write a Triton model repository serving the engine here.")
 @click.option("--schedule", multiple=True, metavar="KEY=VALUE",
-              help="Default scheduler parameter stored in engine.json (see `trtforge serve --help`).")
+              help="Default scheduler parameter stored in engine.json (see `trtforge emit-repo --help`).")
 @click.option("--quiet", "-q", is_flag=True, help="No progress bar or report.")
-@dataclass_options(BuildConfig)
+@dataclass_options(BuildConfig, choices={"backend": BACKENDS})
 def build_engine(checkpoint: str, output: str, force: bool, triton_repo: str | None,
                  schedule: tuple[str, ...], quiet: bool, **options: Any) -> None:
     """Convert a Hugging Face CHECKPOINT (local directory or hub id) into a trtforge engine."""
