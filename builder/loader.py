@@ -8,7 +8,7 @@ from typing import Any
 import torch
 
 from .convert import TORCH_DTYPES
-from .engine_dir import EngineConfig, read_engine_config
+from .engine_dir import EngineConfig
 from .errors import EngineLoadError
 from .network import CausalLM
 
@@ -34,12 +34,6 @@ def load_tokenizer(directory: str | Path) -> Any:
     from transformers import AutoTokenizer
 
     return AutoTokenizer.from_pretrained(str(directory))
-
-
-def load_engine(directory: str | Path, device: str | torch.device = "cpu",
-                verify_checksums: bool = True) -> tuple[EngineConfig, CausalLM, Any]:
-    cfg = read_engine_config(directory, verify_checksums=verify_checksums)
-    return cfg, load_network(directory, cfg, device), load_tokenizer(directory)
 
 
 def torch_dtype(cfg: EngineConfig) -> torch.dtype:
