@@ -114,10 +114,8 @@ class TensorReader:
         self._stack = ExitStack()
         self._handles: dict[Path, Any] = {}
         self._pickled: dict[Path, dict[str, torch.Tensor]] = {}
-        files = self._weight_files(allow_pickle)
-        for f in files:
+        for f in self._weight_files(allow_pickle):
             self._index_file(f)
-        self.size_on_disk = sum(f.stat().st_size for f in files)
 
     def _weight_files(self, allow_pickle: bool) -> list[Path]:
         c = self.ckpt

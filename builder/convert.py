@@ -27,12 +27,11 @@ TORCH_DTYPES = {"float32": torch.float32, "float16": torch.float16, "bfloat16": 
 
 @dataclass
 class Item:
-    """One output tensor: our name, HF source names, how to combine, expected source shapes."""
+    """One output tensor: our name, HF source names (shapes checked by `plan`), how to combine."""
 
     ours: str
     sources: list[str]
     combine: str
-    source_shapes: list[tuple[int, ...]]
     shape: tuple[int, ...]
 
 
@@ -70,7 +69,7 @@ def plan(cfg: ModelConfig, spec: ArchSpec, reader: TensorReader) -> list[Item]:
                     f"{cfg.hidden_size}, heads {cfg.num_heads}/{cfg.num_kv_heads}, head_dim {cfg.head_dim}, "
                     f"intermediate {cfg.intermediate_size}, vocab {cfg.vocab_size}) implies {list(want)}. "
                     f"The weights and config.json do not belong together.")
-        items.append(Item(ours, sources, rule.combine, wanted, shape))
+        items.append(Item(ours, sources, rule.combine, shape))
     return items
 
 
