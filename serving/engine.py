@@ -43,22 +43,32 @@ _STATUS = {"stop": SequenceStatus.FINISHED_STOPPED, "length": SequenceStatus.FIN
 
 @dataclass
 class EngineStats:
+    """A snapshot of the engine's gauges and running totals (what the metrics export)."""
+
     kv_blocks_used: int
+    """KV blocks held by requests."""
     kv_blocks_total: int
+    """KV blocks in the pool."""
     num_running: int
+    """Requests admitted and holding KV blocks."""
     num_waiting: int
+    """Requests queued for admission (new or preempted)."""
     prompt_tokens_total: int
+    """Prompt tokens of every request added since start."""
     generation_tokens_total: int
+    """Tokens generated since start."""
     num_preemptions: int
+    """Preemptions since start (the scheduler's count)."""
 
 
 @dataclass
 class _Request:
-    """Engine-side state of one request (the scheduler owns `seq`)."""
+    """Engine-side state of one request; the scheduler owns its Sequence, under the same id."""
 
     request_id: str
-    seq: Sequence
+    num_prompt_tokens: int
     sampling: SamplingState
+    """Its output_token_ids are the engine's own list, appended when a token is sampled."""
     detok: IncrementalDetokenizer
     stop: StopChecker
     metrics: RequestMetrics
@@ -80,14 +90,12 @@ class LLMEngine:
         self.scheduler_config = sched
         self.scheduler = Scheduler(sched)
         self.sampler = Sampler()
-        self._requests: dict[str, _Request] = {}
-        self._by_seq: dict[int, _Request] = {}
+        self._requests: dict[str, _Request] = {}  # by request id, which is also the seq_id
         self._pending: list[RequestOutput] = []
-        self._ids = itertools.count()
+        self._ids = itertools.count()  # request ids for callers who give none
         self._eos = tuple(cfg.model.eos_token_ids)
         self.prompt_tokens_total = 0
         self.generation_tokens_total = 0
-        self.num_preemptions = 0
 
     @classmethod
     def from_engine_dir(cls, path: str | Path, device: str | torch.device = "cpu",
@@ -115,15 +123,15 @@ class LLMEngine:
         if rid in self._requests:
             raise ValueError(f"request id {rid!r} is already in use by an unfinished request")
         now = time.monotonic()
-        seq = Sequence(seq_id=next(self._ids), prompt_token_ids=ids, max_tokens=params.max_tokens,
+        # The scheduler's Sequence gets its own copy of the prompt: nothing it holds is shared.
+        seq = Sequence(seq_id=rid, prompt_token_ids=list(ids), max_tokens=params.max_tokens,
                        arrival_time=arrival_time or now)
         self.scheduler.add(seq)  # validates length and KV need
-        state = SamplingState(params=params, prompt_token_ids=ids, output_token_ids=seq.output_token_ids,
-                              eos_token_ids=self._eos)
-        req = _Request(rid, seq, state, IncrementalDetokenizer(self.tokenizer, ids, params.skip_special_tokens),
+        state = SamplingState(params=params, prompt_token_ids=ids, eos_token_ids=self._eos)
+        req = _Request(rid, len(ids), state,
+                       IncrementalDetokenizer(self.tokenizer, ids, params.skip_special_tokens),
                        StopChecker(self.scheduler_config.max_seq_len), RequestMetrics(arrival_time or now))
         self._requests[rid] = req
-        self._by_seq[seq.seq_id] = req
         self.prompt_tokens_total += len(ids)
         return rid
 
@@ -145,7 +153,7 @@ class LLMEngine:
         req = self._requests.get(request_id)
         if req is None:
             return False
-        self.scheduler.finish(req.seq.seq_id, _STATUS[reason])
+        self.scheduler.finish(request_id, _STATUS[reason])
         self._pending.append(self._finish(req, reason, [], "", error=error))
         return True
 
@@ -157,25 +165,23 @@ class LLMEngine:
         """One iteration: schedule → execute → update. Returns this step's outputs."""
         outputs, self._pending = self._pending, []
         sched = self.scheduler.schedule()
-        self.num_preemptions += len(sched.preempted)
         if sched.is_empty:
             return outputs
         now = time.monotonic()
         for chunk in sched.chunks:
-            m = self._by_seq[chunk.seq.seq_id].metrics
+            m = self._requests[chunk.seq_id].metrics
             m.first_scheduled_time = m.first_scheduled_time or now
         try:
             sampled, logprobs = self._execute(sched)
         except Exception as exc:  # a failing batch fails its requests, never the engine
             for chunk in sched.chunks:
-                req = self._by_seq.get(chunk.seq.seq_id)
-                if req is not None and req.request_id in self._requests:
-                    self.abort(req.request_id, "error", f"{type(exc).__name__}: {exc}")
+                if chunk.seq_id in self._requests:
+                    self.abort(chunk.seq_id, "error", f"{type(exc).__name__}: {exc}")
             return outputs + self._drain_pending()
         self.scheduler.update(sched, sampled)
         done = time.monotonic()
-        for seq_id, token in sampled.items():
-            outputs.append(self._on_token(self._by_seq[seq_id], token, logprobs.get(seq_id), done))
+        for rid, token in sampled.items():
+            outputs.append(self._on_token(self._requests[rid], token, logprobs.get(rid), done))
         return outputs
 
     def _drain_pending(self) -> list[RequestOutput]:
@@ -187,7 +193,7 @@ class LLMEngine:
         logits = self.executor.execute(inputs)  # always: a non-sampling prefill chunk still writes KV
         if not inputs.sample_seq_ids:
             return {}, {}
-        states = [self._by_seq[i].sampling for i in inputs.sample_seq_ids]
+        states = [self._requests[i].sampling for i in inputs.sample_seq_ids]
         result = self.sampler.sample(logits, states)
         sampled = dict(zip(inputs.sample_seq_ids, result.token_ids))
         logprobs = {i: (lp, top) for i, lp, top in zip(inputs.sample_seq_ids, result.logprobs,
@@ -198,6 +204,7 @@ class LLMEngine:
         m = req.metrics
         m.first_token_time = m.first_token_time or now
         m.token_times.append(now)
+        req.sampling.output_token_ids.append(token)  # the engine's copy; the scheduler keeps its own
         self.generation_tokens_total += 1
         if logprob is not None:
             req.cum_logprob += logprob[0]
@@ -206,12 +213,12 @@ class LLMEngine:
         lp = ([logprob[0]], [logprob[1]]) if logprob is not None else (None, None)
         if reason is None:
             req.text += text
-            return RequestOutput(req.request_id, [token], text, list(req.seq.output_token_ids), req.text,
-                                 False, None, req.seq.num_prompt_tokens, m, lp[0], lp[1],
+            return RequestOutput(req.request_id, [token], text, list(req.sampling.output_token_ids),
+                                 req.text, False, None, req.num_prompt_tokens, m, lp[0], lp[1],
                                  req.cum_logprob if logprob is not None else None)
         if not isinstance(req.stop.stop_reason, str):  # not cut at a stop string: flush the tail
             text += req.stop.release(req.detok.flush())
-        self.scheduler.finish(req.seq.seq_id, _STATUS[reason])
+        self.scheduler.finish(req.request_id, _STATUS[reason])
         out = self._finish(req, reason, [token], text)
         out.logprobs, out.top_logprobs = lp
         return out
@@ -221,9 +228,8 @@ class LLMEngine:
         req.metrics.finished_time = time.monotonic()
         req.text += text
         del self._requests[req.request_id]
-        del self._by_seq[req.seq.seq_id]
-        return RequestOutput(req.request_id, new_ids, text, list(req.seq.output_token_ids), req.text,
-                             True, reason, req.seq.num_prompt_tokens, req.metrics,
+        return RequestOutput(req.request_id, new_ids, text, list(req.sampling.output_token_ids),
+                             req.text, True, reason, req.num_prompt_tokens, req.metrics,
                              cum_logprob=req.cum_logprob if req.sampling.params.logprobs is not None else None,
                              error=error, stop_reason=req.stop.stop_reason)
 
@@ -268,10 +274,10 @@ class LLMEngine:
                         return
 
     def stats(self) -> EngineStats:
-        kv = self.scheduler.kv_manager
-        return EngineStats(kv.num_used_blocks, kv.num_blocks, self.scheduler.num_running,
-                           self.scheduler.num_waiting, self.prompt_tokens_total,
-                           self.generation_tokens_total, self.num_preemptions)
+        sched, kv = self.scheduler, self.scheduler.kv_manager
+        return EngineStats(kv.num_used_blocks, kv.num_blocks, sched.num_running, sched.num_waiting,
+                           self.prompt_tokens_total, self.generation_tokens_total,
+                           sched.num_preemptions)
 
 
 def blocks_per_seq(cfg: EngineConfig) -> int:

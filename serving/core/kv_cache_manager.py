@@ -15,7 +15,7 @@ from collections import Counter
 from dataclasses import dataclass, field
 
 from trtforge.serving.core.block_pool import BlockPool
-from trtforge.serving.core.sequence import Sequence
+from trtforge.serving.core.sequence import SeqId, Sequence
 
 
 class KVCacheInvariantError(RuntimeError):
@@ -53,8 +53,8 @@ class KVCacheManager:
         self.block_size = block_size
         self.enable_prefix_caching = enable_prefix_caching
         self.pool = BlockPool(num_blocks)
-        self._holders: dict[int, Sequence] = {}  # seq_id -> sequence holding blocks
-        self._hashes: dict[int, list[int]] = {}  # seq_id -> chained hashes of its full blocks
+        self._holders: dict[SeqId, Sequence] = {}  # seq_id -> sequence holding blocks
+        self._hashes: dict[SeqId, list[int]] = {}  # seq_id -> chained hashes of its full blocks
         self.num_queried_tokens = 0
         """Tokens of admitted sequences looked up in the prefix cache."""
         self.num_hit_tokens = 0
@@ -92,12 +92,6 @@ class KVCacheManager:
     @property
     def prefix_hit_rate(self) -> float:
         return self.num_hit_tokens / self.num_queried_tokens if self.num_queried_tokens else 0.0
-
-    def stats(self) -> dict[str, float]:
-        return {"num_blocks": self.num_blocks, "free_blocks": self.num_free_blocks,
-                "used_blocks": self.num_used_blocks, "cached_blocks": self.num_cached_blocks,
-                "usage": self.usage, "prefix_hit_rate": self.prefix_hit_rate,
-                "prefix_hit_tokens": self.num_hit_tokens, "evictions": self.pool.num_evictions}
 
     def blocks_for(self, num_tokens: int) -> int:
         """Blocks needed to hold `num_tokens` positions."""

@@ -16,6 +16,10 @@ The scheduler knows ids, counts and block tables, never tensors. Each iteration:
 Under guaranteed_no_evict a request is admitted only when its whole KV need (prompt + max_tokens)
 fits in the free blocks not already promised to running sequences, so a running sequence always
 finds its next block and nothing is ever preempted.
+
+A SchedulerOutput is plain data — ids, counts, and copies of the chunk's tokens and block table —
+never a live Sequence: whoever executes the batch (this process, another tensor-parallel rank, the
+other phase of disaggregated serving) can neither see nor change the scheduler's state.
 """
 
 from __future__ import annotations
@@ -27,22 +31,28 @@ from dataclasses import dataclass, field
 
 from trtforge.serving.core.config import SchedulerConfig
 from trtforge.serving.core.kv_cache_manager import KVCacheManager
-from trtforge.serving.core.sequence import Sequence, SequenceStatus
+from trtforge.serving.core.sequence import SeqId, Sequence, SequenceStatus
 
 
 @dataclass
 class ScheduledChunk:
-    """Tokens of one sequence to compute in this iteration."""
+    """Tokens of one sequence to compute in this iteration (copies: no scheduler state)."""
 
-    seq: Sequence
+    seq_id: SeqId
+    """The sequence's id (the engine's request id)."""
     start: int
     """seq.num_computed_tokens before this step: absolute position of the first new token."""
     num_tokens: int
-    """Tokens to compute now: seq.all_token_ids[start:start + num_tokens]."""
+    """Tokens to compute now: positions [start, start + num_tokens)."""
     sample: bool
     """start + num_tokens == seq.num_tokens: the engine samples the next token from the last one."""
-    is_decode: bool = False
+    is_decode: bool
     """A decode step (one token of a sequence that has outputs), as opposed to a prefill chunk."""
+    token_ids: list[int]
+    """The tokens to compute, seq.all_token_ids[start:start + num_tokens] (a new list)."""
+    block_table: list[int]
+    """A copy of the sequence's block table, covering at least start + num_tokens positions: where
+    the new K/V go (slot mapping) and where attention reads the earlier ones."""
 
 
 @dataclass
@@ -51,8 +61,8 @@ class SchedulerOutput:
 
     chunks: list[ScheduledChunk] = field(default_factory=list)
     """Decodes first, then prefill chunks."""
-    preempted: list[Sequence] = field(default_factory=list)
-    """Sequences preempted in this step (their KV is gone; they wait to be recomputed)."""
+    preempted: list[SeqId] = field(default_factory=list)
+    """Ids of the sequences preempted in this step (their KV is gone; they wait to be recomputed)."""
     num_batched_tokens: int = 0
     """Sum of the chunks' num_tokens."""
 
@@ -87,13 +97,14 @@ class Scheduler:
         self._waiting: deque[Sequence] = deque()  # new requests, add() order
         self._preempted: list[Sequence] = []  # resume before new requests, oldest first
         self._running: list[Sequence] = []  # oldest first; the last one is preempted first
-        self._seqs: dict[int, Sequence] = {}  # every unfinished sequence by id
-        self._rank: dict[int, int] = {}  # seq_id -> add() order: what "oldest" and FCFS mean
+        self._seqs: dict[SeqId, Sequence] = {}  # every unfinished sequence by id
+        self._rank: dict[SeqId, int] = {}  # seq_id -> add() order: what "oldest" and FCFS mean
         self._counter = itertools.count()
         self._watermark_blocks = int(config.kv_watermark * config.num_blocks)
         self._chunk_cap = config.prefill_chunk_size or config.max_num_tokens
         self.num_preemptions = 0
-        """Preemptions since start (max_utilization only)."""
+        """Preemptions since start (max_utilization only); the one count of them (EngineStats reads
+        it)."""
 
     # ---- queues -----------------------------------------------------------------------------
     @property
@@ -103,12 +114,6 @@ class Scheduler:
     @property
     def num_running(self) -> int:
         return len(self._running)
-
-    def has_unfinished(self) -> bool:
-        return bool(self._seqs)
-
-    def get(self, seq_id: int) -> Sequence | None:
-        return self._seqs.get(seq_id)
 
     def kv_need_blocks(self, seq: Sequence) -> int:
         """Most blocks `seq` can ever hold: the last sampled token is never computed."""
@@ -167,7 +172,7 @@ class Scheduler:
         budget = _Budget(cfg.max_num_tokens, self._prefill_token_cap(), cfg.prefill_max_seqs)
         decodes: list[ScheduledChunk] = []
         prefills: list[ScheduledChunk] = []
-        preempted: list[Sequence] = []
+        preempted: list[SeqId] = []
         self._schedule_running(budget, decodes, prefills, preempted)
         if not preempted:  # admitting while evicting would only cause more evictions
             self._schedule_waiting(budget, prefills)
@@ -219,7 +224,7 @@ class Scheduler:
         while not self.kv_manager.allocate_for(seq, n):
             victim = self._running.pop()  # the newest; never one already scheduled this step
             self._preempt(victim)
-            preempted.append(victim)
+            preempted.append(victim.seq_id)
             if victim is seq:
                 return False
         return True
@@ -228,13 +233,14 @@ class Scheduler:
         self.kv_manager.free(seq)
         seq.num_computed_tokens = 0
         seq.status = SequenceStatus.PREEMPTED
-        seq.num_preemptions += 1
         self.num_preemptions += 1
         bisect.insort(self._preempted, seq, key=lambda s: self._rank[s.seq_id])
 
     def _emit(self, seq: Sequence, n: int, decode: bool, budget: _Budget, out: list) -> None:
-        start = seq.num_computed_tokens
-        out.append(ScheduledChunk(seq, start, n, start + n == seq.num_tokens, decode))
+        start, end = seq.num_computed_tokens, seq.num_computed_tokens + n
+        # Copies, so the executor side never aliases scheduler state; a decode copies one token.
+        out.append(ScheduledChunk(seq.seq_id, start, n, end == seq.num_tokens, decode,
+                                  seq.token_ids(start, end), list(seq.block_table)))
         budget.tokens -= n
         if not decode:
             budget.prefill_tokens -= n
@@ -288,12 +294,12 @@ class Scheduler:
         return sum(max(self.kv_need_blocks(s) - len(s.block_table), 0) for s in self._running)
 
     # ---- after the step ---------------------------------------------------------------------
-    def update(self, out: SchedulerOutput, sampled: dict[int, int]) -> None:
+    def update(self, out: SchedulerOutput, sampled: dict[SeqId, int]) -> None:
         """Apply a finished step: advance computed tokens, append sampled ids (seq_id -> token id)
         of chunks with sample=True, and index newly full blocks in the prefix cache."""
         for chunk in out.chunks:
-            seq = chunk.seq
-            if seq.status is not SequenceStatus.RUNNING:
+            seq = self._seqs.get(chunk.seq_id)
+            if seq is None or seq.status is not SequenceStatus.RUNNING:
                 continue  # finished or aborted after schedule(): its blocks are already freed
             if seq.num_computed_tokens != chunk.start:
                 raise RuntimeError(
@@ -307,7 +313,7 @@ class Scheduler:
                 seq.output_token_ids.append(sampled[seq.seq_id])
             self.kv_manager.cache_full_blocks(seq)
 
-    def finish(self, seq_id: int, status: SequenceStatus) -> None:
+    def finish(self, seq_id: SeqId, status: SequenceStatus) -> None:
         """Remove a sequence (in any state) and free its blocks."""
         if not status.is_finished:
             raise ValueError(f"finish() needs a FINISHED_* status, got {status}")
@@ -320,10 +326,3 @@ class Scheduler:
         self.kv_manager.free(seq)
         self._rank.pop(seq_id)
         seq.status = status
-
-    def abort(self, seq_id: int) -> bool:
-        """Cancel a waiting, preempted or running sequence; False if there is none with that id."""
-        if seq_id not in self._seqs:
-            return False
-        self.finish(seq_id, SequenceStatus.FINISHED_ABORTED)
-        return True

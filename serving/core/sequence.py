@@ -14,7 +14,12 @@ Sampling parameters other than `max_tokens` live with the engine; the scheduler 
 from __future__ import annotations
 
 import enum
+from collections.abc import Hashable
 from dataclasses import dataclass, field
+
+SeqId = Hashable
+"""A sequence's id: the engine uses the request id, so one id names a request from the client to
+the KV cache and back (the scheduler needs only equality and hashing)."""
 
 
 class SequenceStatus(enum.Enum):
@@ -46,8 +51,8 @@ _FINISHED = frozenset({SequenceStatus.FINISHED_STOPPED, SequenceStatus.FINISHED_
 class Sequence:
     """A request's tokens, its KV block table and the counters the scheduler keeps for it."""
 
-    seq_id: int
-    """Unique id, chosen by the engine."""
+    seq_id: SeqId
+    """Unique among unfinished sequences; the engine passes the request id."""
     prompt_token_ids: list[int]
     """The prompt (at least one token)."""
     max_tokens: int
@@ -64,13 +69,21 @@ class Sequence:
     """Physical KV block ids, in position order; block i holds positions [i*B, (i+1)*B)."""
     num_cached_prefix_tokens: int = 0
     """Tokens reused from the prefix cache at the latest admission (not recomputed)."""
-    num_preemptions: int = 0
-    """How many times this sequence was preempted (its KV dropped and recomputed)."""
 
     @property
     def all_token_ids(self) -> list[int]:
         """Prompt followed by the outputs (a new list)."""
         return self.prompt_token_ids + self.output_token_ids
+
+    def token_ids(self, start: int, end: int) -> list[int]:
+        """all_token_ids[start:end] (a new list) without building all_token_ids: a decode step
+        asks for its one token every iteration."""
+        n_prompt = len(self.prompt_token_ids)
+        if end <= n_prompt:
+            return self.prompt_token_ids[start:end]
+        if start >= n_prompt:
+            return self.output_token_ids[start - n_prompt:end - n_prompt]
+        return self.prompt_token_ids[start:] + self.output_token_ids[:end - n_prompt]
 
     @property
     def num_prompt_tokens(self) -> int:

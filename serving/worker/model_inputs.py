@@ -1,6 +1,7 @@
-"""SchedulerOutput (ids and counts) → the tensors one iteration of the network needs.
+"""SchedulerOutput (ids, counts, token ids, block tables) → the tensors one iteration needs.
 
-The only place where the scheduler's plain data becomes tensors. Chunks are packed back to back
+The only place where the scheduler's plain data becomes tensors; it reads the chunks' own copies,
+never a Sequence, so it could run in another process than the scheduler. Chunks are packed back to back
 (decodes first, then prefill chunks — the scheduler's order); a chunk whose last token reaches
 the end of its sequence contributes one row of logits.
 """
@@ -14,6 +15,7 @@ import torch
 from trtforge.plugins.paged_attention.metadata import AttentionMetadata
 
 from trtforge.serving.core.scheduler import SchedulerOutput
+from trtforge.serving.core.sequence import SeqId
 
 
 @dataclass
@@ -25,7 +27,7 @@ class ModelInputs:
     meta: AttentionMetadata
     logits_indices: torch.Tensor
     """int64 [S']: index in the packed batch of the last token of each chunk that samples."""
-    sample_seq_ids: list[int]
+    sample_seq_ids: list[SeqId]
     """seq_id of each logits row, in order."""
 
     @property
@@ -40,13 +42,12 @@ def prepare_inputs(out: SchedulerOutput, block_size: int, device: torch.device |
     seq_lens: list[int] = []
     starts = [0]
     logits_indices: list[int] = []
-    sample_ids: list[int] = []
+    sample_ids: list[SeqId] = []
     tables = []
     for chunk in out.chunks:
-        seq, start, n = chunk.seq, chunk.start, chunk.num_tokens
+        start, n, table = chunk.start, chunk.num_tokens, chunk.block_table
         end = start + n
-        ids.extend(seq.all_token_ids[start:end]) if n > 1 else ids.append(seq.all_token_ids[start])
-        table = seq.block_table
+        ids.extend(chunk.token_ids)
         for p in range(start, end):
             positions.append(p)
             slots.append(table[p // block_size] * block_size + p % block_size)
@@ -55,7 +56,7 @@ def prepare_inputs(out: SchedulerOutput, block_size: int, device: torch.device |
         tables.append(table)
         if chunk.sample:
             logits_indices.append(starts[-1] - 1)
-            sample_ids.append(seq.seq_id)
+            sample_ids.append(chunk.seq_id)
     width = max(len(t) for t in tables)
     padded = [t + [0] * (width - len(t)) for t in tables]
     i32, i64 = torch.int32, torch.int64

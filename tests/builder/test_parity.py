@@ -17,7 +17,6 @@ from trtforge.serving.engine import LLMEngine
 from trtforge.serving.worker.model_inputs import prepare_inputs
 from trtforge.serving.core.sampling_params import SamplingParams
 from trtforge.serving.core.scheduler import ScheduledChunk, SchedulerOutput
-from trtforge.serving.core.sequence import Sequence
 
 DEVICE = os.environ.get("TRTFORGE_TEST_DEVICE", "cpu")
 PROMPT_LENGTHS = (3, 17, 33, 50)  # cross 16-token block boundaries; one shorter than a block
@@ -48,10 +47,10 @@ def _prompt_logits(engine: LLMEngine, prompts: list[list[int]]) -> list[torch.Te
     chunks, next_block = [], 0
     for i, p in enumerate(prompts):
         n_blocks = -(-len(p) // bs)
-        seq = Sequence(seq_id=i, prompt_token_ids=p, max_tokens=1)
-        seq.block_table = list(range(next_block + n_blocks - 1, next_block - 1, -1))  # scattered order
+        table = list(range(next_block + n_blocks - 1, next_block - 1, -1))  # scattered order
         next_block += n_blocks
-        chunks.append(ScheduledChunk(seq=seq, start=0, num_tokens=len(p), sample=True))
+        chunks.append(ScheduledChunk(seq_id=i, start=0, num_tokens=len(p), sample=True,
+                                     is_decode=False, token_ids=list(p), block_table=table))
     inputs = prepare_inputs(SchedulerOutput(chunks=chunks, preempted=[], num_batched_tokens=0), bs,
                             engine.executor.device)
     inputs.logits_indices = torch.arange(inputs.num_tokens, device=engine.executor.device)

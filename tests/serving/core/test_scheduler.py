@@ -12,11 +12,28 @@ from trtforge.serving.core.sequence import Sequence, SequenceStatus as S
 TOKEN = 7  # what the fake model samples
 
 
+class Sched(Scheduler):
+    """The real scheduler; also remembers the sequences added, as the engine keeps its requests
+    by the same ids (the scheduler's output carries ids, not sequences)."""
+
+    def __init__(self, config: SchedulerConfig) -> None:
+        super().__init__(config)
+        self.seqs: dict[int, Sequence] = {}
+
+    def add(self, seq: Sequence) -> None:
+        super().add(seq)
+        self.seqs[seq.seq_id] = seq
+
+
 def make_sched(**kw):
     base = dict(max_num_tokens=64, max_batch_size=8, prefill_chunk_size=0, prefill_max_seqs=8,
                 kv_watermark=0.0, max_seq_len=64, block_size=4, num_blocks=64)
     base.update(kw)
-    return Scheduler(SchedulerConfig(**base))
+    return Sched(SchedulerConfig(**base))
+
+
+def idle(sched) -> bool:
+    return sched.num_running == 0 and sched.num_waiting == 0
 
 
 def add(sched, seq_id, n_prompt, max_tokens=4, first_token=None):
@@ -30,16 +47,17 @@ def add(sched, seq_id, n_prompt, max_tokens=4, first_token=None):
 def step(sched):
     """schedule → fake model → update → finish at max_tokens, like the engine does."""
     out = sched.schedule()
-    sched.update(out, {c.seq.seq_id: TOKEN for c in out.chunks if c.sample})
+    sched.update(out, {c.seq_id: TOKEN for c in out.chunks if c.sample})
     for c in out.chunks:
-        if c.seq.status is S.RUNNING and c.seq.num_output_tokens >= c.seq.max_tokens:
-            sched.finish(c.seq.seq_id, S.FINISHED_LENGTH)
+        seq = sched.seqs[c.seq_id]
+        if seq.status is S.RUNNING and seq.num_output_tokens >= seq.max_tokens:
+            sched.finish(c.seq_id, S.FINISHED_LENGTH)
     sched.kv_manager.check_invariants()
     return out
 
 
 def shape(out):
-    return [(c.seq.seq_id, c.start, c.num_tokens, c.sample) for c in out.chunks]
+    return [(c.seq_id, c.start, c.num_tokens, c.sample) for c in out.chunks]
 
 
 # ---- config ---------------------------------------------------------------------------------
@@ -156,7 +174,7 @@ def test_long_prompt_is_chunked_and_only_the_last_chunk_samples():
     assert shape(step(sched)) == [(1, 4, 4, False)]
     assert shape(step(sched)) == [(1, 8, 2, True)]
     assert shape(step(sched)) == [(1, 10, 1, True)]  # decode of the sampled token
-    assert not sched.has_unfinished() and sched.kv_manager.num_used_blocks == 0
+    assert idle(sched) and sched.kv_manager.num_used_blocks == 0
 
 
 def test_decodes_come_first_and_prefill_takes_the_rest_of_the_budget():
@@ -186,9 +204,9 @@ def test_prefill_max_seqs_limits_prefills_but_not_decodes():
     sched = make_sched(prefill_max_seqs=2)
     for i in range(5):
         add(sched, i, 3)
-    assert [c.seq.seq_id for c in step(sched).chunks] == [0, 1]
+    assert [c.seq_id for c in step(sched).chunks] == [0, 1]
     out = step(sched)
-    assert [(c.seq.seq_id, c.is_decode) for c in out.chunks] == [(0, True), (1, True), (2, False),
+    assert [(c.seq_id, c.is_decode) for c in out.chunks] == [(0, True), (1, True), (2, False),
                                                                   (3, False)]
 
 
@@ -199,7 +217,7 @@ def test_max_batch_size_limits_running_sequences():
     assert len(step(sched).chunks) == 3 and sched.num_running == 3 and sched.num_waiting == 2
     step(sched)
     step(sched)  # the first three finish here
-    assert [c.seq.seq_id for c in step(sched).chunks] == [3, 4]
+    assert [c.seq_id for c in step(sched).chunks] == [3, 4]
 
 
 def test_without_chunking_a_prompt_waits_for_a_budget_that_holds_it_whole():
@@ -219,7 +237,7 @@ def test_fcfs_head_that_does_not_fit_blocks_the_ones_behind():
     step(sched)
     add(sched, 2, 16, max_tokens=8)  # needs 4 blocks now, only 3 free
     add(sched, 3, 2)  # would fit, but must not overtake
-    assert [c.seq.seq_id for c in step(sched).chunks] == [1]
+    assert [c.seq_id for c in step(sched).chunks] == [1]
     assert sched.num_waiting == 2
 
 
@@ -229,15 +247,15 @@ def test_shortest_first_admits_the_short_request_first():
     step(sched)
     add(sched, 2, 16, max_tokens=8)
     add(sched, 3, 2)
-    assert [c.seq.seq_id for c in step(sched).chunks] == [1, 3]
+    assert [c.seq_id for c in step(sched).chunks] == [1, 3]
 
 
 def test_watermark_keeps_blocks_free_at_admission():
     sched = make_sched(num_blocks=10, kv_watermark=0.2, max_seq_len=40)  # keeps 2 blocks free
     add(sched, 1, 24, max_tokens=1)  # 6 blocks → 4 left
     add(sched, 2, 9, max_tokens=1)  # 3 blocks would leave 1 < 2
-    assert [c.seq.seq_id for c in step(sched).chunks] == [1]
-    assert [c.seq.seq_id for c in step(sched).chunks] == [2]  # 1 finished: room again
+    assert [c.seq_id for c in step(sched).chunks] == [1]
+    assert [c.seq_id for c in step(sched).chunks] == [2]  # 1 finished: room again
     with pytest.raises(ValueError, match="kv_watermark=0.2"):
         add(sched, 3, 36, max_tokens=1)  # 9 blocks > 10 - 2 for its first chunk
 
@@ -251,11 +269,11 @@ def test_max_utilization_preempts_the_newest_and_recomputes_it():
     while b.status is S.RUNNING:
         out = step(sched)
         assert a.status is S.RUNNING
-    assert out.preempted == [b] and [c.seq for c in out.chunks] == [a]
-    assert b.num_computed_tokens == 0 and b.block_table == [] and b.num_preemptions == 1
+    assert out.preempted == [2] and [c.seq_id for c in out.chunks] == [1]
+    assert b.num_computed_tokens == 0 and b.block_table == []
     assert b.status is S.PREEMPTED and sched.num_waiting == 1 and sched.num_preemptions == 1
     outputs_before = list(b.output_token_ids)
-    sched.abort(1)  # make room: b resumes and recomputes prompt + outputs, chunked like a prompt
+    sched.finish(1, S.FINISHED_ABORTED)  # make room: b resumes and recomputes prompt + outputs, chunked like a prompt
     chunks = []
     while len(b.output_token_ids) == len(outputs_before):
         chunks += [(c.start, c.num_tokens, c.sample) for c in step(sched).chunks]
@@ -280,45 +298,74 @@ def test_guaranteed_no_evict_admits_only_what_it_can_finish():
     a = add(sched, 1, 4, max_tokens=9)  # 12 KV tokens → 3 blocks promised
     b = add(sched, 2, 4, max_tokens=13)  # 16 → 4 more: fills the pool
     c = add(sched, 3, 4, max_tokens=1)  # 1 block: no room until one finishes
-    assert [ch.seq.seq_id for ch in step(sched).chunks] == [1, 2]
+    assert [ch.seq_id for ch in step(sched).chunks] == [1, 2]
     while a.status is S.RUNNING:
         out = step(sched)
         assert not out.preempted
         assert c.status is S.WAITING
-    assert [ch.seq.seq_id for ch in step(sched).chunks] == [2, 3]
-    assert b.num_preemptions == 0
+    assert [ch.seq_id for ch in step(sched).chunks] == [2, 3]
+    assert sched.num_preemptions == 0
 
 
 def test_prefix_cache_hit_skips_the_shared_prefix():
     sched = make_sched(block_size=4)
     add(sched, 1, 10, max_tokens=1, first_token=0)
     step(sched)
-    assert not sched.has_unfinished()
-    add(sched, 2, 10, max_tokens=1, first_token=0)  # same prompt: 2 full blocks cached, revived from free queue
+    assert idle(sched)
+    again = add(sched, 2, 10, max_tokens=1, first_token=0)  # same prompt: 2 full blocks cached, revived from free queue
     out = sched.schedule()
     assert shape(out) == [(2, 8, 2, True)]
-    assert out.chunks[0].seq.num_cached_prefix_tokens == 8
+    assert again.num_cached_prefix_tokens == 8
     assert sched.kv_manager.prefix_hit_rate == pytest.approx(8 / 20)
+
+
+# ---- the output is plain data ---------------------------------------------------------------
+def test_chunks_carry_copies_of_tokens_and_block_table():
+    sched = make_sched(prefill_chunk_size=4)
+    a = add(sched, 1, 6, max_tokens=3)
+    first = step(sched).chunks[0]
+    assert (first.token_ids, first.block_table) == (a.prompt_token_ids[:4], a.block_table)
+    second = step(sched).chunks[0]
+    assert second.token_ids == a.prompt_token_ids[4:] and second.block_table == a.block_table
+    assert first.block_table == a.block_table[:1], "a later allocation changed an earlier chunk"
+    decode = step(sched).chunks[0]
+    assert decode.is_decode and decode.token_ids == [TOKEN] and decode.block_table == a.block_table
+    for chunk in (first, second, decode):
+        assert chunk.token_ids is not a.prompt_token_ids and chunk.block_table is not a.block_table
+        assert not any(isinstance(v, Sequence) for v in vars(chunk).values())
+
+
+def test_sequence_token_ids_slice_across_prompt_and_outputs():
+    seq = Sequence(1, [10, 11, 12], 4, output_token_ids=[20, 21])
+    for start in range(seq.num_tokens):
+        for end in range(start, seq.num_tokens + 1):
+            assert seq.token_ids(start, end) == seq.all_token_ids[start:end]
 
 
 # ---- abort / finish -------------------------------------------------------------------------
 def test_abort_works_in_every_state_and_frees_blocks():
     sched = make_sched(num_blocks=5, max_seq_len=20, prefill_chunk_size=4)
     waiting = add(sched, 1, 19, max_tokens=1)
-    assert sched.abort(1) and waiting.status is S.FINISHED_ABORTED
+    sched.finish(1, S.FINISHED_ABORTED)
+    assert waiting.status is S.FINISHED_ABORTED
     prefilling = add(sched, 2, 12, max_tokens=1)
     step(sched)
     assert prefilling.status is S.RUNNING and prefilling.block_table
-    assert sched.abort(2) and prefilling.block_table == []
+    sched.finish(2, S.FINISHED_ABORTED)
+    assert prefilling.block_table == []
     decoding = add(sched, 3, 3, max_tokens=8)
     victim = add(sched, 4, 3, max_tokens=8)
     step(sched)
     while victim.status is not S.PREEMPTED:
         step(sched)
-    assert sched.abort(4) and sched.num_waiting == 0
-    assert sched.abort(3) and decoding.status is S.FINISHED_ABORTED
-    assert not sched.abort(3) and not sched.abort(99)
-    assert not sched.has_unfinished() and sched.kv_manager.num_used_blocks == 0
+    sched.finish(4, S.FINISHED_ABORTED)
+    assert sched.num_waiting == 0
+    sched.finish(3, S.FINISHED_ABORTED)
+    assert decoding.status is S.FINISHED_ABORTED
+    for gone in (3, 99):
+        with pytest.raises(ValueError, match=f"no unfinished sequence with id {gone}"):
+            sched.finish(gone, S.FINISHED_ABORTED)
+    assert idle(sched) and sched.kv_manager.num_used_blocks == 0
     sched.kv_manager.check_invariants()
 
 
@@ -326,7 +373,7 @@ def test_abort_between_schedule_and_update_is_ignored_by_update():
     sched = make_sched()
     a = add(sched, 1, 5)
     out = sched.schedule()
-    sched.abort(1)
+    sched.finish(1, S.FINISHED_ABORTED)
     sched.update(out, {1: TOKEN})
     assert a.output_token_ids == [] and sched.kv_manager.num_used_blocks == 0
 

@@ -1,8 +1,8 @@
 """Randomized stress test: thousands of requests through the real scheduler and KV cache manager.
 
 The "model" is a simulated paged KV cache: for every scheduled chunk it writes the chunk's token ids
-into the slots named by the block table, then reads back every position the chunk attends to and
-checks it holds the right token. So a wrong block table, a prefix hit on the wrong block, a block
+into the slots named by the chunk's copy of the block table (what an executor gets), then reads back
+every position the chunk attends to and checks it holds the sequence's token there. So a wrong block table, a prefix hit on the wrong block, a block
 written while shared, or a recompute that skips a token fails here, not in a GPU kernel later.
 Sampled tokens are random; a sequence finishes on max_tokens, on a stop token, or by abort.
 """
@@ -73,7 +73,7 @@ class Driver:
         if live:
             seq = self.rng.choice(live)
             self.abort_states.add(seq.status)
-            assert self.sched.abort(seq.seq_id)
+            self.sched.finish(seq.seq_id, S.FINISHED_ABORTED)
             del self.live[seq.seq_id]
             self.never_admitted.discard(seq.seq_id)
 
@@ -81,14 +81,16 @@ class Driver:
         pool = self.sched.kv_manager.pool
         sampled = {}
         for c in out.chunks:
-            seq, tokens = c.seq, c.seq.all_token_ids
-            for pos in range(c.start, c.start + c.num_tokens):  # write the new K/V
-                block = seq.block_table[pos // BS]
+            seq, tokens = self.all[c.seq_id], self.all[c.seq_id].all_token_ids
+            assert c.token_ids == tokens[c.start:c.start + c.num_tokens]
+            assert c.block_table == seq.block_table and c.block_table is not seq.block_table
+            for pos, token in enumerate(c.token_ids, c.start):  # write the new K/V
+                block = c.block_table[pos // BS]
                 assert pool.ref_counts[block] == 1, "writing into a shared block"
-                self.kv_slots.setdefault(block, [None] * BS)[pos % BS] = tokens[pos]
+                self.kv_slots.setdefault(block, [None] * BS)[pos % BS] = token
             end = c.start + c.num_tokens  # attention reads every position up to the last new one
             for i in range(-(-end // BS)):
-                got = self.kv_slots.get(seq.block_table[i], [None] * BS)
+                got = self.kv_slots.get(c.block_table[i], [None] * BS)
                 want = tokens[i * BS:min(end, (i + 1) * BS)]
                 assert got[:len(want)] == want, f"seq {seq.seq_id} reads wrong K/V in block {i}"
             if c.sample:
@@ -99,14 +101,14 @@ class Driver:
         cfg, chunks = self.cfg, out.chunks
         assert out.num_batched_tokens == sum(c.num_tokens for c in chunks) <= cfg.max_num_tokens
         assert len(chunks) <= cfg.max_batch_size and self.sched.num_running <= cfg.max_batch_size
-        assert len({c.seq.seq_id for c in chunks}) == len(chunks)
+        assert len({c.seq_id for c in chunks}) == len(chunks)
         flags = [c.is_decode for c in chunks]
         assert flags == sorted(flags, reverse=True), "decodes must come before prefill chunks"
         prefill = [c for c in chunks if not c.is_decode]
         assert sum(c.num_tokens for c in prefill) <= (cfg.prefill_max_tokens or cfg.max_num_tokens)
         assert len(prefill) <= cfg.prefill_max_seqs
         for c in chunks:
-            seq = c.seq
+            seq = self.all[c.seq_id]
             computed, num_tokens, n_out = before[seq.seq_id]
             assert c.start == seq.num_computed_tokens and c.num_tokens >= 1
             assert c.start + c.num_tokens <= seq.num_tokens <= MAX_SEQ_LEN
@@ -117,17 +119,18 @@ class Driver:
                 assert c.num_tokens <= cfg.prefill_chunk_size
             else:
                 assert c.sample, "without chunking a prefill is computed whole"
-        for seq in out.preempted:
+        for seq_id in out.preempted:
+            seq = self.all[seq_id]
             assert seq.status is S.PREEMPTED and seq.block_table == [] and seq.num_computed_tokens == 0
-            assert all(c.seq is not seq for c in chunks)
+            assert all(c.seq_id != seq_id for c in chunks)
         if cfg.policy == "guaranteed_no_evict":
             assert not out.preempted
-        if self.sched.has_unfinished():
+        if self.sched.num_running + self.sched.num_waiting:
             assert not out.is_empty, "work is pending but nothing was scheduled (deadlock)"
         self.check_admission_order(chunks)
 
     def check_admission_order(self, chunks) -> None:
-        admitted = [c.seq for c in chunks if c.seq.seq_id in self.never_admitted]
+        admitted = [self.all[c.seq_id] for c in chunks if c.seq_id in self.never_admitted]
         for seq in admitted:
             self.never_admitted.discard(seq.seq_id)
         if self.cfg.prefill_order == "fcfs":  # first admissions in add() order, none skipped
@@ -140,7 +143,7 @@ class Driver:
 
     def finish_done(self, out, sampled: dict[int, int]) -> None:
         for c in out.chunks:
-            seq = c.seq
+            seq = self.all[c.seq_id]
             if not c.sample or seq.status is not S.RUNNING:
                 continue
             self.expected_outputs[seq.seq_id].append(sampled[seq.seq_id])
@@ -162,9 +165,9 @@ class Driver:
         self.check_batch(out, before)
         sampled = self.run_model(out)
         if out.chunks and rng.random() < 0.02:  # a client cancels while the step runs
-            victim = rng.choice(out.chunks).seq
+            victim = self.all[rng.choice(out.chunks).seq_id]
             self.abort_states.add(victim.status)
-            sched.abort(victim.seq_id)
+            sched.finish(victim.seq_id, S.FINISHED_ABORTED)
             del self.live[victim.seq_id]
         sched.update(out, sampled)
         self.finish_done(out, sampled)
@@ -178,7 +181,7 @@ def test_random_workload_finishes_everything_without_leaks(case):
     cfg = SchedulerConfig(**COMMON, **CASES[case])
     drv = Driver(cfg, seed=sorted(CASES).index(case) + 1)
     steps = 0
-    while len(drv.all) < NUM_REQUESTS or drv.sched.has_unfinished():
+    while len(drv.all) < NUM_REQUESTS or drv.sched.num_running + drv.sched.num_waiting:
         drv.step()
         steps += 1
         assert steps < MAX_STEPS, f"not finished after {steps} steps"
