@@ -10,7 +10,6 @@ Only the engine loop thread calls `update`/`observe_finished`, so no lock is nee
 
 from __future__ import annotations
 
-from dataclasses import dataclass
 from typing import Any
 
 TTFT_BUCKETS = [0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0]
@@ -26,6 +25,12 @@ _FAMILIES = [
      "COUNTER"),
     ("generation_tokens_total", "trtforge_generation_tokens_total", "Tokens generated (decode).",
      "COUNTER"),
+    ("prefix_cache_queried_tokens", "trtforge_prefix_cache_queries_total",
+     "Tokens looked up in the prefix cache when requests were admitted (or resumed).", "COUNTER"),
+    ("prefix_cache_hit_tokens", "trtforge_prefix_cache_hits_total",
+     "Of those, tokens whose KV was reused from the prefix cache instead of computed.", "COUNTER"),
+    ("prefix_cache_hit_rate", "trtforge_prefix_cache_hit_rate",
+     "Prefix-cache hit tokens / queried tokens since start.", "GAUGE"),
 ]
 
 
@@ -43,14 +48,6 @@ def time_per_output_token(metrics: Any, num_output_tokens: int) -> float | None:
     if first is None or finished is None or num_output_tokens < 2:
         return None
     return max(0.0, finished - first) / (num_output_tokens - 1)
-
-
-@dataclass
-class _Counters:
-    """Totals already added to the Prometheus counters (the engine reports running totals)."""
-
-    prompt_tokens_total: float = 0
-    generation_tokens_total: float = 0
 
 
 class EngineMetrics:
@@ -74,18 +71,19 @@ class EngineMetrics:
             family = pb_utils.MetricFamily(name=name, description=doc, kind=hist)
             self._families.append(family)
             self._metrics[attr] = family.Metric(labels=labels, buckets=buckets)
-        self._sent = _Counters()
+        # Totals already added to each counter: the engine reports running totals, Prometheus
+        # counters only grow by increments.
+        self._sent = {attr: 0.0 for attr, _, _, kind in _FAMILIES if kind == "COUNTER"}
 
     def update(self, stats: Any) -> None:
         """Copy an EngineStats snapshot into the gauges; add counter growth since last time."""
-        for attr in ("kv_blocks_used", "kv_blocks_total", "num_running", "num_waiting"):
-            self._metrics[attr].set(float(getattr(stats, attr)))
-        for attr in ("prompt_tokens_total", "generation_tokens_total"):
-            total = float(getattr(stats, attr))
-            delta = total - getattr(self._sent, attr)
-            if delta > 0:
-                self._metrics[attr].increment(delta)
-                setattr(self._sent, attr, total)
+        for attr, _, _, kind in _FAMILIES:
+            value = float(getattr(stats, attr))
+            if kind == "GAUGE":
+                self._metrics[attr].set(value)
+            elif value > self._sent[attr]:
+                self._metrics[attr].increment(value - self._sent[attr])
+                self._sent[attr] = value
 
     def observe_finished(self, request_metrics: Any, num_output_tokens: int) -> None:
         """Record TTFT and TPOT of a request that just finished."""

@@ -59,6 +59,16 @@ class EngineStats:
     """Tokens generated since start."""
     num_preemptions: int
     """Preemptions since start (the scheduler's count)."""
+    prefix_cache_queried_tokens: int
+    """Tokens looked up in the prefix cache since start, at each admission (or resume)."""
+    prefix_cache_hit_tokens: int
+    """Of those, tokens whose KV was reused from the prefix cache (not recomputed)."""
+
+    @property
+    def prefix_cache_hit_rate(self) -> float:
+        """Hit tokens / queried tokens since start (0 before any lookup)."""
+        queried = self.prefix_cache_queried_tokens
+        return self.prefix_cache_hit_tokens / queried if queried else 0.0
 
 
 @dataclass
@@ -277,7 +287,7 @@ class LLMEngine:
         sched, kv = self.scheduler, self.scheduler.kv_manager
         return EngineStats(kv.num_used_blocks, kv.num_blocks, sched.num_running, sched.num_waiting,
                            self.prompt_tokens_total, self.generation_tokens_total,
-                           sched.num_preemptions)
+                           sched.num_preemptions, kv.num_queried_tokens, kv.num_hit_tokens)
 
 
 def blocks_per_seq(cfg: EngineConfig) -> int:

@@ -181,6 +181,9 @@ def test_metrics_then_clean_stop(served):
     assert m["trtforge_kv_blocks_total"] > 0 and m["trtforge_kv_blocks_used"] == 0
     assert m["trtforge_prompt_tokens_total"] > 0 and m["trtforge_generation_tokens_total"] > 0
     assert m["trtforge_requests_waiting"] == 0
+    queried, hits = m["trtforge_prefix_cache_queries_total"], m["trtforge_prefix_cache_hits_total"]
+    assert queried > 0 and 0 <= hits <= queried
+    assert m["trtforge_prefix_cache_hit_rate"] == pytest.approx(hits / queried, rel=1e-6)
     finished = m["trtforge_time_to_first_token_seconds_count"]
     assert finished >= 32 and m["trtforge_time_per_output_token_seconds_count"] > 0
     assert m["trtforge_time_to_first_token_seconds_bucket@+Inf"] == finished

@@ -81,6 +81,21 @@ def test_abort_of_waiting_and_running_requests_leaves_no_blocks(dirs):
     engine.scheduler.kv_manager.check_invariants()
 
 
+def test_stats_report_prefix_cache_hits_of_a_repeated_prompt(engine):
+    ids = engine.tokenizer.encode(PROMPT, add_special_tokens=False)
+    block = engine.scheduler_config.block_size
+    assert len(ids) > 2 * block, "the prompt must fill blocks for the cache to hold any"
+    (first,) = engine.generate([ids], greedy(3))
+    stats = engine.stats()
+    assert (stats.prefix_cache_queried_tokens, stats.prefix_cache_hit_tokens) == (len(ids), 0)
+    (again,) = engine.generate([ids], greedy(3))
+    stats = engine.stats()
+    hits = (len(ids) - 1) // block * block  # every full block but the last token's is reused
+    assert (stats.prefix_cache_queried_tokens, stats.prefix_cache_hit_tokens) == (2 * len(ids), hits)
+    assert stats.prefix_cache_hit_rate == pytest.approx(hits / (2 * len(ids)))
+    assert again.output_token_ids == first.output_token_ids
+
+
 def test_finish_reasons_stop_token_and_length(engine):
     (full,) = engine.generate([PROMPT], greedy(12))
     assert full.finish_reason == "length" and len(full.output_token_ids) == 12
