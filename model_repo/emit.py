@@ -1,4 +1,4 @@
-"""Write a Triton model repository for an engine directory (DESIGN §6, REFERENCE §A).
+"""Write a Triton model repository for an engine directory (the interface of TensorRT-LLM's inflight_batcher_llm).
 
     REPO/
       ensemble/config.pbtxt      the interface TensorRT-LLM clients know (text_input, max_tokens,
@@ -128,7 +128,7 @@ def emit_repo(engine_dir: str | os.PathLike, repo_dir: str | os.PathLike, *,
     """Write (or replace) the `ensemble` model of `repo_dir` for `engine_dir`.
 
     `scheduler_overrides` are SchedulerConfig fields (e.g. `max_batch_size=8`); they are validated
-    here and written, with every other scheduling parameter, into llm/config.pbtxt. Other models
+    here and written, with every other scheduling parameter, into ensemble/config.pbtxt. Other models
     already in `repo_dir` are left alone. Returns the repository path.
     """
     engine_dir = Path(engine_dir).resolve()

@@ -1,4 +1,4 @@
-"""The engine: one schedule → execute → update loop (STYLE §2), used by the CLI, the Triton
+"""The engine: one schedule → execute → update loop, used by the CLI, the Triton
 adapter and the benchmarks alike.
 
     add_request ──▶ Scheduler (ids, counts, block tables; no tensors)
@@ -12,7 +12,6 @@ adapter and the benchmarks alike.
 from __future__ import annotations
 
 import itertools
-import math
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -289,6 +288,3 @@ class LLMEngine:
                            self.prompt_tokens_total, self.generation_tokens_total,
                            sched.num_preemptions, kv.num_queried_tokens, kv.num_hit_tokens)
 
-
-def blocks_per_seq(cfg: EngineConfig) -> int:
-    return math.ceil(cfg.max_seq_len / cfg.block_size)
