@@ -11,6 +11,7 @@ from .convert import TORCH_DTYPES
 from .engine_dir import EngineConfig
 from .errors import EngineLoadError
 from .network import CausalLM
+from .skip_init import build_on_meta, still_on_meta
 
 
 def load_network(directory: str | Path, cfg: EngineConfig, device: str | torch.device = "cpu") -> CausalLM:
@@ -20,10 +21,12 @@ def load_network(directory: str | Path, cfg: EngineConfig, device: str | torch.d
     if not weights.is_file():
         raise EngineLoadError(f"{directory} has no rank0.safetensors (backend {cfg.backend!r}); the torch "
                               f"runtime needs the torch backend's weights.")
-    with torch.device("meta"):
-        model = CausalLM(cfg.model)
+    # Built on meta without initialisation, then the file's tensors assigned: on CPU they stay
+    # mapped from the page cache (safetensors maps the file), so loading copies nothing.
+    model = build_on_meta(lambda: CausalLM(cfg.model))
     state = load_file(str(weights), device=str(device))
     missing, unexpected = model.load_state_dict(state, strict=False, assign=True)
+    missing = sorted(set(missing) | set(still_on_meta(model)))  # e.g. a buffer the file lacks
     if missing or unexpected:
         raise EngineLoadError(f"{weights} does not fit the network: missing {missing[:5]}, unexpected "
                               f"{unexpected[:5]}. Rebuild the engine.")

@@ -15,6 +15,7 @@ from trtforge.plugins.cpu.linear import cpu_linears_wanted, use_cpu_linears
 from trtforge.builder.loader import load_network, torch_dtype
 
 from .cpu_decode_plan import CpuDecodePlan
+from .kv_pool import zeroed_pool
 from .model_inputs import ModelInputs
 
 
@@ -40,8 +41,7 @@ class NetworkExecutor:
         # One pool per layer, [2 (K,V), blocks, block_size, Hkv, D]: see plugins/paged_attention/metadata.py.
         # With CUDA graphs one more block exists, never handed out: the padding rows' scratch.
         shape = (2, num_blocks + graphs, cfg.block_size, m.num_kv_heads, m.head_dim)
-        self.kv_caches = [torch.zeros(shape, dtype=torch_dtype(cfg), device=self.device)
-                          for _ in range(m.num_layers)]
+        self.kv_caches = [zeroed_pool(shape, torch_dtype(cfg), self.device) for _ in range(m.num_layers)]
         self.graphs = None
         if graphs:
             from .cuda_graphs import CudaGraphRunner
