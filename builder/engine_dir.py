@@ -5,7 +5,8 @@
       rank0.safetensors      converted weights (torch backend)   | rank0.engine + rank0.onnx (tensorrt)
       tokenizer.json, …      copied from the checkpoint so the directory is self-contained
 
-Loading checks the schema, the versions and every checksum, and says what differs and how to rebuild.
+Loading checks the schema, the versions and every checksum, and says what differs and how to rebuild
+(a large file's digest is remembered while the file is unchanged: verified_files.py).
 """
 
 from __future__ import annotations
@@ -18,6 +19,7 @@ from typing import Any
 
 from .errors import EngineLoadError
 from .model_config import ModelConfig
+from .verified_files import digest_of
 
 SCHEMA_VERSION = 1
 ENGINE_JSON = "engine.json"
@@ -131,6 +133,6 @@ def _check_files(directory: Path, cfg: EngineConfig, rebuild: str) -> None:
         p = directory / name
         if not p.is_file():
             raise EngineLoadError(f"{directory} is incomplete: {name} is listed in {ENGINE_JSON} but missing. {rebuild}")
-        if sha256(p) != digest:
+        if digest_of(p, sha256) != digest:  # hashed, or recorded for this unchanged file
             raise EngineLoadError(f"{p} does not match the sha256 recorded in {ENGINE_JSON} (modified or "
                                   f"truncated after the build). {rebuild}")
