@@ -34,6 +34,11 @@ def load_network(directory: str | Path, cfg: EngineConfig, device: str | torch.d
 
 
 def load_tokenizer(directory: str | Path) -> Any:
+    from .plain_tokenizer import PlainTokenizer
+
+    plain = PlainTokenizer.load(directory)  # no transformers import for plain `tokenizers` checkpoints
+    if plain is not None:
+        return plain
     from transformers import AutoTokenizer
 
     return AutoTokenizer.from_pretrained(str(directory))
