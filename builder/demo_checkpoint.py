@@ -1,9 +1,11 @@
 """`trtforge demo-checkpoint`: a RANDOM-WEIGHT Hugging Face checkpoint with a real trained tokenizer.
 
 For the quickstart, the tests and the benchmarks on machines without a model hub. The weights are
-random (their outputs are gibberish); the shapes can be those of a real model (`--size 0.5b` =
-Qwen2.5-0.5B's config), which is all that speed depends on. Every directory it writes carries a
-README and a `trtforge_demo` field in config.json saying so.
+random (their outputs are meaningless); the shapes can be those of a real model (`--size 0.5b` =
+Qwen2.5-0.5B's config, vocabulary included), which is all that speed depends on. The tokenizer is
+trained on a bundled English text (demo_text.py), and the tiny model's vocabulary is exactly the
+tokenizer's, so what it prints is words. Every directory it writes carries a README and a
+`trtforge_demo` field in config.json saying so.
 """
 
 from __future__ import annotations
@@ -14,7 +16,8 @@ from typing import Any
 import torch
 
 from .errors import BuildError
-from .tokenizer_training import train_tiny_tokenizer
+from .demo_text import corpus_lines, speak_only_words, train_briefly
+from .tokenizer_training import CHAT_TEMPLATE, train_tiny_tokenizer
 
 ARCHS = {"qwen2": "Qwen2ForCausalLM", "llama": "LlamaForCausalLM", "gpt2": "GPT2LMHeadModel",
          "qwen3": "Qwen3ForCausalLM", "mistral": "MistralForCausalLM"}
@@ -56,19 +59,45 @@ def hf_config(arch: str, size: str, tokenizer: Any) -> Any:
 
 
 def write_demo_checkpoint(out: str | Path, arch: str = "qwen2", size: str = "tiny", seed: int = 0,
-                          dtype: str = "float32") -> Path:
+                          dtype: str = "float32", train_seconds: float = 0.0) -> Path:
+    """Random weights; `tiny` can only say whole words (demo_text.speak_only_words) unless
+    train_seconds > 0 fits it to the bundled text for that long instead."""
     from transformers import AutoModelForCausalLM
 
+    if train_seconds > 0 and size != "tiny":
+        raise BuildError("--train-seconds needs --size tiny: a 0.5B model learns nothing in seconds on a CPU.")
     out = Path(out)
     out.mkdir(parents=True, exist_ok=True)
-    tokenizer = train_tiny_tokenizer(vocab_size=2048 if size != "tiny" else 512, out_dir=out)
-    cfg = hf_config(arch, size, tokenizer)
-    cfg.trtforge_demo = "random weights: outputs are meaningless; for tests, demos and benchmarks"
+    # One tokenizer for every size, trained on the bundled English: its pieces are whole words.
+    tokenizer = train_tiny_tokenizer(vocab_size=4096, texts=corpus_lines())
+    cfg = hf_config(arch, size, tokenizer)  # tiny: vocab = the tokenizer's size; 0.5b: Qwen's 151,936
     torch.manual_seed(seed)
-    model = AutoModelForCausalLM.from_config(cfg, dtype=getattr(torch, dtype))
-    model.save_pretrained(str(out), safe_serialization=True)
+    model = AutoModelForCausalLM.from_config(cfg, dtype=torch.float32)
+    how = "random weights"
+    if train_seconds > 0:
+        steps = train_briefly(model, tokenizer, train_seconds, seed)
+        how = f"random weights trained {train_seconds:g} s ({steps} steps) on the bundled demo text"
+    elif size == "tiny":
+        speak_only_words(model, tokenizer)
+        how = "random weights (LM head limited to whole words)"
+    cfg.trtforge_demo = f"{how}: outputs are meaningless; for tests, demos and benchmarks"
+    model.to(getattr(torch, dtype)).save_pretrained(str(out), safe_serialization=True)
+    _save_tokenizer(tokenizer, out)
     (out / "README.md").write_text(
-        f"# trtforge demo checkpoint ({arch}, {size}) — RANDOM WEIGHTS\n\n"
-        f"Made by `trtforge demo-checkpoint` with seed {seed}. The weights are random, so generated\n"
-        f"text is meaningless; the shapes and the tokenizer (trained locally) are real.\n")
+        f"# trtforge demo checkpoint ({arch}, {size}) — {how.upper()}\n\n"
+        f"Made by `trtforge demo-checkpoint` with seed {seed}. The weights are not a trained model,\n"
+        f"so generated text is meaningless; the shapes and the tokenizer (trained locally on the\n"
+        f"bundled English text) are real.\n")
     return out
+
+
+def _save_tokenizer(tokenizer: Any, out: Path) -> None:
+    """save_pretrained, plus the chat template inside tokenizer_config.json: recent transformers
+    write it to chat_template.jinja only, which older ones (and other tools) do not read."""
+    import json
+
+    tokenizer.save_pretrained(str(out))
+    path = out / "tokenizer_config.json"
+    config = json.loads(path.read_text())
+    config.setdefault("chat_template", CHAT_TEMPLATE)
+    path.write_text(json.dumps(config, indent=2, ensure_ascii=False) + "\n")

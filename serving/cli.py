@@ -42,12 +42,19 @@ main.add_command(build_engine, "build")
 @click.option("--size", type=click.Choice(["tiny", "0.5b"]), default="tiny", show_default=True,
               help="tiny: 2 layers, hidden 64. 0.5b: Qwen2.5-0.5B's shapes (≈2 GB in float32).")
 @click.option("--seed", type=int, default=0, show_default=True)
-def demo_checkpoint(directory: str, arch: str, size: str, seed: int) -> None:
+@click.option("--train-seconds", type=float, default=0.0, show_default=True,
+              help="tiny only: fit the random weights to the bundled English text for this long, so "
+                   "the demo continues a prompt with its phrases (0: random weights saying random words).")
+def demo_checkpoint(directory: str, arch: str, size: str, seed: int, train_seconds: float) -> None:
     """Write a RANDOM-WEIGHT checkpoint (real tokenizer, trained locally) for demos and benchmarks."""
     from trtforge.builder.demo_checkpoint import write_demo_checkpoint
 
-    out = write_demo_checkpoint(directory, arch=arch, size=size, seed=seed)
-    click.echo(f"random-weight {arch} ({size}) checkpoint written to {out}")
+    try:
+        out = write_demo_checkpoint(directory, arch=arch, size=size, seed=seed, train_seconds=train_seconds)
+    except BuildError as exc:
+        raise click.ClickException(str(exc)) from None
+    trained = f", then trained {train_seconds:g} s on the demo text" if train_seconds > 0 else ""
+    click.echo(f"random-weight {arch} ({size}) checkpoint{trained} written to {out}")
 
 
 def _read_prompts(prompts: tuple[str, ...], prompts_file: str | None) -> list[dict[str, Any]]:
