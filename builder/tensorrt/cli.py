@@ -13,8 +13,6 @@ from pathlib import Path
 
 import click
 
-from trtforge.plugins.paged_attention.names import OP_TYPE, QUALIFIED_NAME
-
 from ..errors import BuildError
 from .build import build_tensorrt  # noqa: F401  (re-export for the build CLI)
 
@@ -42,6 +40,9 @@ def _load(engine_dir: str, dtype: str):
               help="Graph dtype; `engine` keeps the engine's. ONNX Runtime checks need float32.")
 def export_onnx_cmd(engine_dir: str, out_dir: str, dtype: str) -> None:
     """Export a torch-backend ENGINE_DIR as ONNX with one trtforge::PagedAttention node per layer."""
+    # Imported here: the paged_attention package imports torch, which `trtforge --help` must not.
+    from trtforge.plugins.paged_attention.names import OP_TYPE, QUALIFIED_NAME
+
     from .onnx_export import check_graph, export_onnx
 
     try:

@@ -31,7 +31,6 @@ from typing import Any
 from urllib.parse import urlsplit
 
 import click
-import numpy as np
 
 from trtforge.builder.config_docs import dataclass_options, pick
 
@@ -156,6 +155,7 @@ def make_prompts(tokenizer: Any, pieces: list[str], count: int, num_tokens: int,
 def _infer_inputs(prompt: str, output_len: int, cfg: ServeBenchConfig) -> list[Any]:
     import tritonclient.grpc.aio as grpcclient  # noqa: PLC0415 - optional dependency
     from tritonclient.utils import np_to_triton_dtype  # noqa: PLC0415
+    import numpy as np  # noqa: PLC0415 - here, not at the top: `trtforge --help` imports this module
 
     arrays = {"text_input": np.array([[prompt.encode("utf-8")]], dtype=np.object_),
               "max_tokens": np.array([[output_len]], dtype=np.int32),
@@ -178,7 +178,7 @@ def _tokens_in(result: Any) -> int:
     if logprobs is not None and logprobs.size:
         return int(logprobs.size)
     text = result.as_numpy("text_output")
-    return int(text is not None and any(bytes(t) for t in np.asarray(text).reshape(-1)))
+    return int(text is not None and any(bytes(t) for t in text.reshape(-1)))  # as_numpy: an ndarray
 
 
 async def send_request(client: Any, cfg: ServeBenchConfig, prompt: str, output_len: int,

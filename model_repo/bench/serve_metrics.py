@@ -16,8 +16,6 @@ from __future__ import annotations
 from dataclasses import asdict, dataclass, field
 from typing import Any, Iterable
 
-import numpy as np
-
 PERCENTILES = (50, 90, 99)
 
 
@@ -100,6 +98,8 @@ class Distribution:
     @classmethod
     def of(cls, seconds: Iterable[float], percentiles: tuple[int, ...] = PERCENTILES
            ) -> "Distribution":
+        import numpy as np  # noqa: PLC0415 - not at the top: `trtforge --help` imports this module
+
         values = np.asarray(list(seconds), dtype=np.float64) * 1e3
         if values.size == 0:
             nan = float("nan")

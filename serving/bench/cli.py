@@ -9,7 +9,7 @@ import click
 
 from trtforge.builder.config_docs import dataclass_options, pick
 
-from .offline import OfflineBenchConfig
+from .offline_config import OfflineBenchConfig
 
 
 @click.group(context_settings={"help_option_names": ["-h", "--help"]})
