@@ -24,7 +24,9 @@ def test_wheel_has_no_generic_top_level_names(tmp_path):
                    "trtforge/model_repo/emit.py", "trtforge/model_repo/ensemble/1/model.py",
                    # the native CPU kernels' sources, built at first use
                    "trtforge/plugins/cpu/fused.c", "trtforge/plugins/cpu/linear.c",
-                   "trtforge/plugins/native_vec.h", "trtforge/plugins/paged_attention/cpu_decode.c"):
+                   "trtforge/plugins/native_vec.h", "trtforge/plugins/paged_attention/cpu_decode.c",
+                   # the demo checkpoint's English text (its tokenizer is trained on it)
+                   "trtforge/builder/data/demo_corpus.txt"):
         assert module in names
     assert not any(n.startswith("trtforge/__init__") for n in names), "trtforge must stay a namespace package"
 
