@@ -48,9 +48,9 @@ def _source_shapes(cfg: ModelConfig, rule: WeightRule, shape: tuple[int, ...]) -
 def plan(cfg: ModelConfig, spec: ArchSpec, reader: TensorReader) -> list[Item]:
     """Every output tensor with its sources; raises BuildError for a missing or misshaped tensor."""
     from .network import CausalLM
+    from .skip_init import build_on_meta
 
-    with torch.device("meta"):
-        expected = {k: tuple(v.shape) for k, v in CausalLM(cfg).state_dict().items()}
+    expected = {k: tuple(v.shape) for k, v in build_on_meta(lambda: CausalLM(cfg)).state_dict().items()}
     rules = [(r, None) for r in spec.globals]
     rules += [(r, i) for i in range(cfg.num_layers) for r in spec.per_layer]
     items = []
