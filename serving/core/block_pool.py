@@ -9,10 +9,18 @@ Every block is in exactly one of three states:
 The free queue is in LRU order: the block freed longest ago is reused first, and reusing a cached
 block evicts its hash. So "free" and "evictable" are the same thing, and the prefix cache costs no
 memory that a running request could need.
+
+A cached block is indexed by a key (a digest; see kv_cache_manager.block_key) and carries what it
+holds: the content id of the block before it in its sequence (0 for a first block) and its packed
+token ids. A lookup is a hit only when both equal the asker's, so a key collision, however it was
+produced, can cost a miss but never hands one prompt's KV to another. Content ids are never
+reused, so "the block before" names one computed content, not a block id that may since hold
+something else.
 """
 
 from __future__ import annotations
 
+import itertools
 from collections import OrderedDict
 from typing import Iterable
 
@@ -25,10 +33,14 @@ class BlockPool:
             raise ValueError(f"num_blocks={num_blocks} is invalid: the KV pool needs at least 1 block")
         self.num_blocks = num_blocks
         self.ref_counts: list[int] = [0] * num_blocks
-        self.block_hash: list[int | None] = [None] * num_blocks
+        self.block_hash: list[bytes | None] = [None] * num_blocks
+        # What each cached block holds: (content id of the block before it, packed token ids).
+        self._content: list[tuple[int, bytes] | None] = [None] * num_blocks
+        self._content_id: list[int] = [0] * num_blocks  # 0: not cached
+        self._next_content_id = itertools.count(1)  # 0 stands for "no block before" (a first block)
         # OrderedDict as an LRU queue with O(1) removal from the middle (prefix-hit revival).
         self._free: OrderedDict[int, None] = OrderedDict.fromkeys(range(num_blocks))
-        self._cached: dict[int, int] = {}  # block hash -> block id
+        self._cached: dict[bytes, int] = {}  # key -> block id
         self.num_evictions = 0
         """Cached blocks whose hash was dropped because the block was reused."""
 
@@ -57,6 +69,7 @@ class BlockPool:
             if h is not None:  # reusing a cached block evicts it from the prefix cache
                 del self._cached[h]
                 self.block_hash[block] = None
+                self._content[block], self._content_id[block] = None, 0
                 self.num_evictions += 1
             self.ref_counts[block] = 1
             blocks.append(block)
@@ -82,18 +95,34 @@ class BlockPool:
             if self.ref_counts[block] == 0:
                 self._free[block] = None
 
-    def lookup(self, block_hash: int) -> int | None:
-        """The block cached under `block_hash`, if any."""
-        return self._cached.get(block_hash)
+    def lookup(self, key: bytes, parent: int, tokens: bytes) -> int | None:
+        """The block cached under `key` if it holds exactly `tokens` after the block whose content
+        id is `parent` (0: a sequence's first block); None otherwise."""
+        block = self._cached.get(key)
+        if block is None or self._content[block] != (parent, tokens):
+            return None
+        return block
 
-    def register(self, block: int, block_hash: int) -> bool:
-        """Index a full, computed block under its hash. False if another block already holds that
-        content (two requests computed the same prefix at once): the duplicate stays uncached."""
-        if block_hash in self._cached or self.block_hash[block] is not None:
-            return False
-        self._cached[block_hash] = block
-        self.block_hash[block] = block_hash
-        return True
+    def content_id(self, block: int) -> int:
+        """The content id of a cached block (0 if it is not cached)."""
+        return self._content_id[block]
+
+    def register(self, block: int, key: bytes, parent: int, tokens: bytes) -> int | None:
+        """Index a full, computed block under `key`; returns the content id that now stands for
+        its KV: a new one, or that of an identical block already cached (two requests computed
+        the same prefix at once: the duplicate stays uncached). None when the key is held by
+        other content (a collision) or the block is already cached: it stays uncached, and so
+        must the blocks after it, whose content the index could not name."""
+        held = self._cached.get(key)
+        if held is not None:
+            return self._content_id[held] if self._content[held] == (parent, tokens) else None
+        if self.block_hash[block] is not None:
+            return None
+        self._cached[key] = block
+        self.block_hash[block] = key
+        self._content[block] = (parent, tokens)
+        self._content_id[block] = next(self._next_content_id)
+        return self._content_id[block]
 
     def problems(self) -> list[str]:
         """Inconsistencies of the pool's own state (empty when sound)."""
@@ -106,6 +135,8 @@ class BlockPool:
         for h, block in self._cached.items():
             if self.block_hash[block] != h:
                 out.append(f"prefix index maps a hash to block {block}, which carries another hash")
+            if self._content[block] is None or not self._content_id[block]:
+                out.append(f"cached block {block} carries no content")
         n_hashed = sum(h is not None for h in self.block_hash)
         if n_hashed != len(self._cached):
             out.append(f"{n_hashed} blocks carry a hash but the prefix index has {len(self._cached)}")

@@ -1,30 +1,57 @@
 """Per-sequence block tables on top of the block pool, with prefix caching of full blocks.
 
 Prefix caching (as vLLM's `docs/design/prefix_caching.md`): a FULL block whose K/V are computed is
-indexed by a chained hash, hash((parent block's hash, tuple(block's tokens))), so a hit on block i
-implies the whole prefix up to block i matches. Admission looks the prompt up block by block and
-reuses the hits (ref count +1). The last token of the sequence is always recomputed — the engine
-needs its logits — so at most (num_tokens - 1) // block_size blocks can hit. A block is registered
-only once its tokens are computed (`cache_full_blocks`, called after each step), and a freed cached
-block stays in the free queue where a later hit can revive it until it is reused.
+indexed by a chained key, SHA-256(parent block's key + the block's token ids), so equal keys mean
+equal prefixes up to that block. The key only finds a candidate: the pool serves a hit only when
+the cached block holds the same token ids after the same preceding content (see block_pool), so a
+prompt built to collide with another user's prefix is computed, never served from that user's KV.
+Admission looks the prompt up block by block and reuses the hits (ref count +1). The last token of
+the sequence is always recomputed — the engine needs its logits — so at most
+(num_tokens - 1) // block_size blocks can hit. A block is registered only once its tokens are
+computed (`cache_full_blocks`, called after each step), and a freed cached block stays in the free
+queue where a later hit can revive it until it is reused.
 """
 
 from __future__ import annotations
 
+import hashlib
+from array import array
 from collections import Counter
 from dataclasses import dataclass, field
 
 from trtforge.serving.core.block_pool import BlockPool
 from trtforge.serving.core.sequence import SeqId, Sequence
 
+ROOT_KEY = hashlib.sha256(b"trtforge prefix cache v1").digest()
+"""The parent key of a sequence's first block."""
+
 
 class KVCacheInvariantError(RuntimeError):
     """The block accounting is inconsistent (a bug in the runtime, never a user error)."""
 
 
-def hash_block(parent_hash: int | None, tokens: list[int]) -> int:
-    """Chained hash of one full block. Python's hash of a tuple of ints is stable across runs."""
-    return hash((parent_hash, tuple(tokens)))
+def pack_tokens(tokens: list[int]) -> bytes:
+    """A block's token ids as 8 bytes each: what is hashed and what a hit is checked against."""
+    return array("q", tokens).tobytes()
+
+
+def block_key(parent_key: bytes, packed_tokens: bytes) -> bytes:
+    """Chained key of one full block. A cryptographic hash, so that a collision cannot be
+    crafted (Python's hash() of a tuple of ints can); the parent key has a fixed length, so the
+    concatenation is unambiguous."""
+    return hashlib.sha256(parent_key + packed_tokens).digest()
+
+
+@dataclass
+class _Chain:
+    """Where a sequence's prefix-cache chain stands after its first `num_blocks` full blocks."""
+
+    num_blocks: int = 0
+    key: bytes = ROOT_KEY
+    """The key of its last full block (ROOT_KEY before the first)."""
+    content_id: int | None = 0
+    """The content id standing for its last full block's KV (0 before the first); None once a
+    block could not be cached (a key collision): the blocks after it stay uncached."""
 
 
 @dataclass
@@ -33,8 +60,8 @@ class PrefixHit:
 
     blocks: list[int] = field(default_factory=list)
     """Cached blocks matching the sequence's leading full blocks, in order."""
-    hashes: list[int] = field(default_factory=list)
-    """Their chained hashes."""
+    chain: _Chain = field(default_factory=_Chain)
+    """The chain after them (where `cache_full_blocks` continues)."""
     num_revived: int = 0
     """How many of them are currently free (taking them lowers the free count)."""
     block_size: int = 1
@@ -54,7 +81,7 @@ class KVCacheManager:
         self.enable_prefix_caching = enable_prefix_caching
         self.pool = BlockPool(num_blocks)
         self._holders: dict[SeqId, Sequence] = {}  # seq_id -> sequence holding blocks
-        self._hashes: dict[SeqId, list[int]] = {}  # seq_id -> chained hashes of its full blocks
+        self._chains: dict[SeqId, _Chain] = {}  # seq_id -> its prefix-cache chain so far
         self.num_queried_tokens = 0
         """Tokens of admitted sequences looked up in the prefix cache."""
         self.num_hit_tokens = 0
@@ -103,17 +130,16 @@ class KVCacheManager:
         hit = PrefixHit(block_size=self.block_size)
         if not self.enable_prefix_caching:
             return hit
-        tokens, bs = seq.all_token_ids, self.block_size
-        parent = None
+        tokens, bs, chain = seq.all_token_ids, self.block_size, hit.chain
         for i in range((len(tokens) - 1) // bs):  # the last token is always recomputed
-            h = hash_block(parent, tokens[i * bs:(i + 1) * bs])
-            block = self.pool.lookup(h)
+            packed = pack_tokens(tokens[i * bs:(i + 1) * bs])
+            key = block_key(chain.key, packed)
+            block = self.pool.lookup(key, chain.content_id, packed)
             if block is None:
                 break
             hit.blocks.append(block)
-            hit.hashes.append(h)
             hit.num_revived += self.pool.ref_counts[block] == 0
-            parent = h
+            chain.num_blocks, chain.key, chain.content_id = i + 1, key, self.pool.content_id(block)
         return hit
 
     def admit(self, seq: Sequence, hit: PrefixHit) -> None:
@@ -125,7 +151,7 @@ class KVCacheManager:
         seq.num_computed_tokens = hit.num_tokens
         seq.num_cached_prefix_tokens = hit.num_tokens
         self._holders[seq.seq_id] = seq
-        self._hashes[seq.seq_id] = list(hit.hashes)
+        self._chains[seq.seq_id] = _Chain(hit.chain.num_blocks, hit.chain.key, hit.chain.content_id)
         if self.enable_prefix_caching:
             self.num_queried_tokens += seq.num_tokens
             self.num_hit_tokens += hit.num_tokens
@@ -144,30 +170,33 @@ class KVCacheManager:
             return False
         seq.block_table.extend(self.pool.allocate(need))
         self._holders.setdefault(seq.seq_id, seq)
-        self._hashes.setdefault(seq.seq_id, [])
+        self._chains.setdefault(seq.seq_id, _Chain())
         return True
 
     def cache_full_blocks(self, seq: Sequence) -> None:
         """Register `seq`'s blocks that became full of computed tokens since the last call."""
         if not self.enable_prefix_caching:
             return
-        hashes = self._hashes.setdefault(seq.seq_id, [])
+        chain = self._chains.setdefault(seq.seq_id, _Chain())
         num_full = seq.num_computed_tokens // self.block_size
-        if num_full <= len(hashes):
+        if num_full <= chain.num_blocks or chain.content_id is None:
             return
         tokens, bs = seq.all_token_ids, self.block_size
-        parent = hashes[-1] if hashes else None
-        for i in range(len(hashes), num_full):
-            parent = hash_block(parent, tokens[i * bs:(i + 1) * bs])
-            self.pool.register(seq.block_table[i], parent)
-            hashes.append(parent)
+        for i in range(chain.num_blocks, num_full):
+            packed = pack_tokens(tokens[i * bs:(i + 1) * bs])
+            chain.key = block_key(chain.key, packed)
+            chain.content_id = self.pool.register(seq.block_table[i], chain.key, chain.content_id,
+                                                  packed)
+            chain.num_blocks = i + 1
+            if chain.content_id is None:
+                return
 
     def free(self, seq: Sequence) -> None:
         """Release all of `seq`'s blocks (cached ones stay revivable) and empty its table."""
         self.pool.release(reversed(seq.block_table))
         seq.block_table = []
         self._holders.pop(seq.seq_id, None)
-        self._hashes.pop(seq.seq_id, None)
+        self._chains.pop(seq.seq_id, None)
 
     # ---- accounting -----------------------------------------------------------------------
     def check_invariants(self) -> None:

@@ -2,6 +2,7 @@
 
 import pytest
 
+from trtforge.serving.core import kv_cache_manager
 from trtforge.serving.core.kv_cache_manager import KVCacheInvariantError, KVCacheManager
 from trtforge.serving.core.sequence import Sequence
 
@@ -127,6 +128,69 @@ def test_concurrent_duplicates_stay_uncached_and_accounting_holds():
     kv.free(b)
     kv.check_invariants()
     assert kv.num_free_blocks == 8
+
+
+def test_duplicate_of_a_cached_prefix_keeps_caching_the_blocks_after_it():
+    kv = KVCacheManager(num_blocks=16, block_size=BS)
+    a, b = make_seq(1, range(9)), make_seq(2, [*range(8), 50, 51, 52, 53, 1])
+    for s in (a, b):  # both admitted before either computed anything: no hits
+        kv.admit(s, kv.find_prefix(s))
+        assert kv.allocate_for(s, s.num_tokens)
+    for s in (a, b):
+        s.num_computed_tokens = s.num_tokens
+        kv.cache_full_blocks(s)
+    # b's first two blocks duplicate a's (uncached); its third, new content, is cached and
+    # reachable through a's identical blocks
+    assert kv.num_cached_blocks == 3
+    hit = kv.find_prefix(make_seq(3, [*range(8), 50, 51, 52, 53, 7]))
+    assert hit.blocks == a.block_table[:2] + [b.block_table[2]]
+
+
+@pytest.fixture
+def constant_key(monkeypatch):
+    """Every block gets the same key: the strongest collision an attacker could hope for."""
+    monkeypatch.setattr(kv_cache_manager, "block_key", lambda parent, packed: b"\0" * 32)
+
+
+def test_key_collision_is_a_miss_not_another_prompts_kv(constant_key):
+    kv = KVCacheManager(num_blocks=16, block_size=BS)
+    victim = make_seq(1, range(100, 109))
+    admit_and_compute(kv, victim)
+    assert kv.num_cached_blocks == 1  # one key: the second block collided and stayed uncached
+    attacker = make_seq(2, range(200, 209))
+    assert kv.find_prefix(attacker).blocks == []
+    hit = admit_and_compute(kv, attacker)
+    assert hit.blocks == [] and kv.num_hit_tokens == 0
+    assert set(attacker.block_table).isdisjoint(victim.block_table)
+    # the genuine owner of the key still hits it, and only it
+    assert kv.find_prefix(make_seq(3, range(100, 109))).blocks == victim.block_table[:1]
+
+
+def test_same_tokens_after_another_prefix_are_a_miss(monkeypatch):
+    # A key that ignores the parent: a block's tokens alone decide it. The parent check must
+    # still refuse a cached block whose tokens sit after a different prefix (or position).
+    monkeypatch.setattr(kv_cache_manager, "block_key", lambda parent, packed: packed)
+    kv = KVCacheManager(num_blocks=16, block_size=BS)
+    a = make_seq(1, [7, 7, 7, 7, 7, 7, 7, 7, 1])  # two equal blocks: the second collides
+    admit_and_compute(kv, a)
+    again = kv.find_prefix(make_seq(2, [7, 7, 7, 7, 7, 7, 7, 7, 1]))
+    assert again.blocks == a.block_table[:1], "a block must never be reused at another position"
+    other = make_seq(3, [1, 2, 3, 4, 5, 6, 7, 8, 9])
+    admit_and_compute(kv, other)
+    moved = make_seq(4, [9, 9, 9, 9, 5, 6, 7, 8, 1])  # other's second block after other tokens
+    admit_and_compute(kv, moved)
+    hit = kv.find_prefix(make_seq(5, [9, 9, 9, 9, 5, 6, 7, 8, 2]))
+    assert hit.blocks == moved.block_table[:1], "other's 2nd block was computed after 1, 2, 3, 4"
+
+
+def test_hashing_is_a_cryptographic_digest_of_parent_and_tokens():
+    root = kv_cache_manager.ROOT_KEY
+    key = kv_cache_manager.block_key(root, kv_cache_manager.pack_tokens([1, 2, 3, 4]))
+    assert len(key) == 32
+    assert key != kv_cache_manager.block_key(root, kv_cache_manager.pack_tokens([1, 2, 3, 5]))
+    assert key != kv_cache_manager.block_key(key, kv_cache_manager.pack_tokens([1, 2, 3, 4]))
+    # token ids beyond 32 bits are packed whole, not truncated
+    assert kv_cache_manager.pack_tokens([2**40]) != kv_cache_manager.pack_tokens([0])
 
 
 def test_prefix_caching_disabled_never_hits():
