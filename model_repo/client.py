@@ -42,8 +42,11 @@ def request_arrays(prompt: str, max_tokens: int, **options: Any) -> dict[str, np
 
 
 def stream_grpc(url: str, prompt: str, max_tokens: int, model: str = ENSEMBLE,
-                timeout_s: float = 300.0, **options: Any) -> Iterator[str]:
+                wait_s: float = 300.0, **options: Any) -> Iterator[str]:
     """Yield `text_output` pieces as the server sends them (gRPC bidirectional stream).
+
+    `wait_s` bounds the wait for each response here; the `timeout_s` option is the request's
+    deadline on the server.
 
     Closing the generator early (e.g. `break`) cancels the request on the server, which aborts
     it and frees its KV blocks. Raises RuntimeError with the server's message on an error.
@@ -65,9 +68,9 @@ def stream_grpc(url: str, prompt: str, max_tokens: int, model: str = ENSEMBLE,
                                   enable_empty_final_response=True)
         while not finished:
             try:
-                result, error = responses.get(timeout=timeout_s)
+                result, error = responses.get(timeout=wait_s)
             except queue.Empty:
-                raise TimeoutError(f"no response from {url} within {timeout_s:.0f} s") from None
+                raise TimeoutError(f"no response from {url} within {wait_s:.0f} s") from None
             if error is not None:
                 finished = True
                 raise RuntimeError(f"server error: {error}")
@@ -85,11 +88,11 @@ def _http_base(url: str) -> str:
     return url if url.startswith(("http://", "https://")) else f"http://{url}"
 
 
-def _post(url: str, body: dict, timeout_s: float) -> Any:
+def _post(url: str, body: dict, wait_s: float) -> Any:
     request = urllib.request.Request(url, data=json.dumps(body).encode(),
                                      headers={"Content-Type": "application/json"})
     try:
-        return urllib.request.urlopen(request, timeout=timeout_s)  # noqa: S310 - user's URL
+        return urllib.request.urlopen(request, timeout=wait_s)  # noqa: S310 - user's URL
     except urllib.error.HTTPError as exc:
         detail = exc.read().decode(errors="replace")
         raise RuntimeError(f"server answered HTTP {exc.code}: {detail}") from None
@@ -101,19 +104,19 @@ def _http_body(prompt: str, max_tokens: int, options: dict[str, Any]) -> dict:
 
 
 def generate_http(url: str, prompt: str, max_tokens: int, model: str = ENSEMBLE,
-                  timeout_s: float = 300.0, **options: Any) -> dict:
+                  wait_s: float = 300.0, **options: Any) -> dict:
     """POST /v2/models/<model>/generate; returns the JSON answer (`text_output`, …)."""
     with _post(f"{_http_base(url)}/v2/models/{model}/generate",
-               _http_body(prompt, max_tokens, options), timeout_s) as resp:
+               _http_body(prompt, max_tokens, options), wait_s) as resp:
         return json.loads(resp.read())
 
 
 def stream_http(url: str, prompt: str, max_tokens: int, model: str = ENSEMBLE,
-                timeout_s: float = 300.0, **options: Any) -> Iterator[dict]:
+                wait_s: float = 300.0, **options: Any) -> Iterator[dict]:
     """POST /v2/models/<model>/generate_stream; yields each server-sent event's JSON."""
     options.setdefault("stream", True)
     with _post(f"{_http_base(url)}/v2/models/{model}/generate_stream",
-               _http_body(prompt, max_tokens, options), timeout_s) as resp:
+               _http_body(prompt, max_tokens, options), wait_s) as resp:
         for raw in resp:
             line = raw.decode("utf-8").strip()
             if not line.startswith("data:"):

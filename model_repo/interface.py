@@ -54,6 +54,7 @@ INPUTS: tuple[TensorSpec, ...] = (
     _opt("return_context_logits", "TYPE_BOOL"),
     _opt("return_generation_logits", "TYPE_BOOL"),
     _opt("stream", "TYPE_BOOL"),
+    _opt("timeout_s", "TYPE_FP32"),
 )
 
 OUTPUTS: tuple[TensorSpec, ...] = (

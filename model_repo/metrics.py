@@ -31,6 +31,11 @@ _FAMILIES = [
      "Of those, tokens whose KV was reused from the prefix cache instead of computed.", "COUNTER"),
     ("prefix_cache_hit_rate", "trtforge_prefix_cache_hit_rate",
      "Prefix-cache hit tokens / queried tokens since start.", "GAUGE"),
+    ("requests_refused_total", "trtforge_requests_refused_total",
+     "Requests refused at once because the waiting queue was full (max_queue_size, "
+     "max_queued_tokens).", "COUNTER"),
+    ("requests_timed_out_total", "trtforge_requests_timed_out_total",
+     "Requests aborted because they passed their deadline (timeout_s).", "COUNTER"),
 ]
 
 

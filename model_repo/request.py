@@ -8,6 +8,8 @@ docs/serving.md:
   preprocessing does (`"foo,bar"` is two words, `'"a,b"'` one word containing a comma).
 * `end_id` adds a stop token; the model's EOS still ends the request too.
 * `top_p == 0` means "no nucleus filter", as in TensorRT-LLM (our SamplingParams spells it 1.0).
+* `timeout_s` (a trtforge input): seconds until the engine aborts the request; 0 means no
+  deadline, like Triton's own request timeout.
 * `pad_id` and `length_penalty` are accepted and have no effect (packed batches have no padding;
   there is no beam search). `beam_width` / `num_return_sequences` other than 1 and
   `return_context_logits` / `return_generation_logits` are refused with an error.
@@ -121,6 +123,9 @@ def parse_request(inputs: Mapping[str, np.ndarray], exclude_input_default: bool 
     top_p = _scalar(inputs, "top_p")
     if top_p is not None:
         kwargs["top_p"] = 1.0 if float(top_p) == 0.0 else float(top_p)
+    timeout_s = _scalar(inputs, "timeout_s")
+    if timeout_s is not None and float(timeout_s) != 0.0:
+        kwargs["timeout_s"] = float(timeout_s)
     end_id = _scalar(inputs, "end_id")
     if end_id is not None:
         kwargs["stop_token_ids"] = [int(end_id)]

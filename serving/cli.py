@@ -22,6 +22,7 @@ from trtforge.builder.config_docs import dataclass_options, pick
 from trtforge.builder.errors import BuildError
 
 from .core.sampling_params import SamplingParams
+from .core.scheduler import EngineOverloaded
 
 _LIST_FIELDS = tuple(f.name for f in dataclasses.fields(SamplingParams) if "list" in str(f.type))
 
@@ -103,7 +104,7 @@ def generate(engine_dir: str, prompts: tuple[str, ...], prompts_file: str | None
                                            cuda_graphs=cuda_graphs, **_parse_schedule(schedule))
         params = [dataclasses.replace(base, max_tokens=int(it.get("max_tokens", base.max_tokens))) for it in items]
         outs = engine.generate([it.get("prompt", it.get("input_ids")) for it in items], params)
-    except (BuildError, ValueError) as exc:
+    except (BuildError, ValueError, EngineOverloaded) as exc:
         raise click.ClickException(str(exc)) from None
     for i, out in enumerate(outs):
         if as_json:

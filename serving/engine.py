@@ -32,12 +32,13 @@ from .worker.model_inputs import prepare_inputs
 from .outputs import RequestMetrics, RequestOutput
 from .sampler import Sampler, SamplingState
 from .core.sampling_params import SamplingParams
-from .core.scheduler import Scheduler, SchedulerOutput
+from .core.scheduler import EngineOverloaded, Scheduler, SchedulerOutput
 from .core.sequence import Sequence, SequenceStatus
 from .stop_checker import StopChecker
 
 _STATUS = {"stop": SequenceStatus.FINISHED_STOPPED, "length": SequenceStatus.FINISHED_LENGTH,
-           "abort": SequenceStatus.FINISHED_ABORTED, "error": SequenceStatus.FINISHED_ABORTED}
+           "abort": SequenceStatus.FINISHED_ABORTED, "error": SequenceStatus.FINISHED_ABORTED,
+           "timeout": SequenceStatus.FINISHED_ABORTED}
 
 
 @dataclass
@@ -62,6 +63,10 @@ class EngineStats:
     """Tokens looked up in the prefix cache since start, at each admission (or resume)."""
     prefix_cache_hit_tokens: int
     """Of those, tokens whose KV was reused from the prefix cache (not recomputed)."""
+    requests_refused_total: int = 0
+    """Requests refused since start because the waiting queue was full (EngineOverloaded)."""
+    requests_timed_out_total: int = 0
+    """Requests aborted since start because they passed their deadline (timeout_s)."""
 
     @property
     def prefix_cache_hit_rate(self) -> float:
@@ -105,6 +110,9 @@ class LLMEngine:
         self._eos = tuple(cfg.model.eos_token_ids)
         self.prompt_tokens_total = 0
         self.generation_tokens_total = 0
+        self.requests_refused_total = 0
+        self.requests_timed_out_total = 0
+        self._deadlines: dict[str, float] = {}  # request id -> monotonic time it times out
 
     @classmethod
     def from_engine_dir(cls, path: str | Path, device: str | torch.device = "cpu",
@@ -123,7 +131,9 @@ class LLMEngine:
     # ---- requests ---------------------------------------------------------------------------
     def add_request(self, prompt: str | list[int], params: SamplingParams | None = None,
                     request_id: str | None = None, arrival_time: float | None = None) -> str:
-        """Queue a request; raises ValueError with a clear message for a bad one."""
+        """Queue a request; raises ValueError with a clear message for a bad one (prompt +
+        max_tokens beyond max_seq_len included), EngineOverloaded when the waiting queue is full
+        (max_queue_size / max_queued_tokens: retry later)."""
         params = (params or SamplingParams()).validate()
         if params.bad_words:
             params = params.resolve_bad_words(self.tokenizer)
@@ -131,16 +141,22 @@ class LLMEngine:
         rid = request_id if request_id is not None else f"req-{next(self._ids)}"
         if rid in self._requests:
             raise ValueError(f"request id {rid!r} is already in use by an unfinished request")
-        now = time.monotonic()
+        arrival = arrival_time or time.monotonic()
         # The scheduler's Sequence gets its own copy of the prompt: nothing it holds is shared.
         seq = Sequence(seq_id=rid, prompt_token_ids=list(ids), max_tokens=params.max_tokens,
-                       arrival_time=arrival_time or now)
-        self.scheduler.add(seq)  # validates length and KV need
+                       arrival_time=arrival)
+        try:
+            self.scheduler.add(seq)  # validates length and KV need, bounds the waiting queue
+        except EngineOverloaded:
+            self.requests_refused_total += 1
+            raise
         state = SamplingState(params=params, prompt_token_ids=ids, eos_token_ids=self._eos)
         req = _Request(rid, len(ids), state,
                        IncrementalDetokenizer(self.tokenizer, ids, params.skip_special_tokens),
-                       StopChecker(self.scheduler_config.max_seq_len), RequestMetrics(arrival_time or now))
+                       StopChecker(self.scheduler_config.max_seq_len), RequestMetrics(arrival))
         self._requests[rid] = req
+        if params.timeout_s is not None:
+            self._deadlines[rid] = arrival + params.timeout_s
         self.prompt_tokens_total += len(ids)
         return rid
 
@@ -172,6 +188,7 @@ class LLMEngine:
     # ---- the loop ---------------------------------------------------------------------------
     def step(self) -> list[RequestOutput]:
         """One iteration: schedule → execute → update. Returns this step's outputs."""
+        self._expire_deadlines()  # before schedule(): a timed-out request is never scheduled
         outputs, self._pending = self._pending, []
         sched = self.scheduler.schedule()
         if sched.is_empty:
@@ -192,6 +209,19 @@ class LLMEngine:
         for rid, token in sampled.items():
             outputs.append(self._on_token(self._requests[rid], token, logprobs.get(rid), done))
         return outputs
+
+    def _expire_deadlines(self) -> None:
+        """Abort the requests past their deadline, waiting or running, freeing their KV blocks."""
+        if not self._deadlines:
+            return
+        now = time.monotonic()
+        for rid in [r for r, deadline in self._deadlines.items() if deadline <= now]:
+            req = self._requests[rid]
+            self.requests_timed_out_total += 1
+            self.abort(rid, "timeout", f"deadline exceeded: timeout_s={req.sampling.params.timeout_s:g} "
+                                       f"passed after {len(req.sampling.output_token_ids)} generated "
+                                       "tokens; the request was aborted (send a longer timeout_s "
+                                       "or a smaller max_tokens)")
 
     def _drain_pending(self) -> list[RequestOutput]:
         out, self._pending = self._pending, []
@@ -237,6 +267,7 @@ class LLMEngine:
         req.metrics.finished_time = time.monotonic()
         req.text += text
         del self._requests[req.request_id]
+        self._deadlines.pop(req.request_id, None)
         return RequestOutput(req.request_id, new_ids, text, list(req.sampling.output_token_ids),
                              req.text, True, reason, req.num_prompt_tokens, req.metrics,
                              cum_logprob=req.cum_logprob if req.sampling.params.logprobs is not None else None,
@@ -253,7 +284,7 @@ class LLMEngine:
         try:
             for p, sp in zip(prompts, plist):
                 rids.append(self.add_request(p, sp))
-        except ValueError:  # one bad prompt: withdraw the ones already queued, then report it
+        except (ValueError, EngineOverloaded):  # withdraw the ones already queued, then report
             for rid in rids:
                 self.abort(rid)
             self._pending.clear()
@@ -286,5 +317,6 @@ class LLMEngine:
         sched, kv = self.scheduler, self.scheduler.kv_manager
         return EngineStats(kv.num_used_blocks, kv.num_blocks, sched.num_running, sched.num_waiting,
                            self.prompt_tokens_total, self.generation_tokens_total,
-                           sched.num_preemptions, kv.num_queried_tokens, kv.num_hit_tokens)
+                           sched.num_preemptions, kv.num_queried_tokens, kv.num_hit_tokens,
+                           self.requests_refused_total, self.requests_timed_out_total)
 

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-FINISH_REASONS = ("stop", "length", "abort", "error")
+FINISH_REASONS = ("stop", "length", "abort", "error", "timeout")
 
 
 @dataclass
@@ -43,7 +43,7 @@ class RequestOutput:
     """All generated text so far (the concatenation of the deltas)."""
     finished: bool
     finish_reason: str | None
-    """stop | length | abort | error, once finished."""
+    """stop | length | abort | error | timeout (past SamplingParams.timeout_s), once finished."""
     num_prompt_tokens: int
     metrics: RequestMetrics
     logprobs: list[float] | None = None

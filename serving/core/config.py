@@ -46,7 +46,15 @@ class SchedulerConfig:
     its whole KV need (prompt + max_tokens) fits in blocks not promised to running ones; never
     preempts."""
     enable_prefix_caching: bool = True
-    """Reuse the KV of full blocks shared with earlier prompts (chained block hashes)."""
+    """Reuse the KV of full blocks shared with earlier prompts (chained SHA-256 block keys; a hit
+    is checked against the block's tokens)."""
+    max_queue_size: int = 0
+    """Most requests waiting for their first admission (0: unbounded). A request beyond it is
+    refused at once with "server busy, retry later" instead of queueing; preempted requests do
+    not count (they resume first)."""
+    max_queued_tokens: int = 0
+    """Most prompt tokens of the requests waiting for their first admission (0: unbounded; else at
+    least max_seq_len - 1, the longest prompt). Beyond it a request is refused like above."""
     max_seq_len: int = 4096
     """Most tokens of one sequence, prompt + output (from the engine)."""
     block_size: int = 32
@@ -115,6 +123,11 @@ class SchedulerConfig:
         _at_least("block_size", self.block_size, 1)
         _at_least("num_blocks", self.num_blocks, 1)
         _at_least("max_seq_len", self.max_seq_len, 2, "(one prompt token plus one generated token)")
+        _at_least("max_queue_size", self.max_queue_size, 0, "(0: unbounded)")
+        if self.max_queued_tokens != 0 and self.max_queued_tokens < self.max_seq_len - 1:
+            raise ConfigError(f"max_queued_tokens={self.max_queued_tokens} is invalid: must be 0 "
+                              f"(unbounded) or >= max_seq_len - 1 = {self.max_seq_len - 1}, so that "
+                              "the longest prompt can wait on an empty queue")
         budget = self.max_num_tokens
         if self.prefill_max_tokens is not None and not 1 <= self.prefill_max_tokens <= budget:
             raise ConfigError(f"prefill_max_tokens={self.prefill_max_tokens} is invalid: must be None "

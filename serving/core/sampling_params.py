@@ -56,7 +56,12 @@ class SamplingParams:
     """Generate at least this many tokens before EOS or a stop token/string may end the request."""
 
     max_tokens: int = 16
-    """Generate at most this many tokens (finish reason "length")."""
+    """Generate at most this many tokens (finish reason "length"). A request whose prompt +
+    max_tokens exceed the engine's max_seq_len is refused, never shortened."""
+
+    timeout_s: float | None = None
+    """Deadline, in seconds from arrival: a request still unfinished then is aborted, waiting or
+    running (finish reason "timeout", its KV blocks freed). None: no deadline."""
 
     stop_token_ids: list[int] = field(default_factory=list)
     """Token ids that end the request (finish reason "stop"), in addition to EOS. The stop
@@ -160,6 +165,8 @@ _RULES = [
     ("presence_penalty", lambda v, p: -2.0 <= v <= 2.0, "in [-2, 2] (0 = disabled)"),
     ("frequency_penalty", lambda v, p: -2.0 <= v <= 2.0, "in [-2, 2] (0 = disabled)"),
     ("max_tokens", lambda v, p: _is_int(v) and v >= 1, "an integer >= 1"),
+    ("timeout_s", lambda v, p: v is None or (not isinstance(v, bool) and 0 < v < math.inf),
+     "None (no deadline) or a finite number of seconds > 0"),
     ("min_tokens", lambda v, p: _is_int(v) and 0 <= v <= p.max_tokens,
      "an integer in [0, max_tokens={max_tokens}]"),
     ("logprobs", lambda v, p: v is None or (_is_int(v) and v >= 0),

@@ -34,6 +34,13 @@ from trtforge.serving.core.kv_cache_manager import KVCacheManager
 from trtforge.serving.core.sequence import SeqId, Sequence, SequenceStatus
 
 
+class EngineOverloaded(RuntimeError):
+    """A request refused because the waiting queue is full (max_queue_size / max_queued_tokens).
+
+    Not a ValueError: the request is fine and may be retried later, so callers answer it apart
+    from bad requests (Triton: UNAVAILABLE, not "bad request"; OpenAI: 503, not 400)."""
+
+
 @dataclass
 class ScheduledChunk:
     """Tokens of one sequence to compute in this iteration (copies: no scheduler state)."""
@@ -95,6 +102,7 @@ class Scheduler:
         self.kv_manager = KVCacheManager(config.num_blocks, config.block_size,
                                          config.enable_prefix_caching)
         self._waiting: deque[Sequence] = deque()  # new requests, add() order
+        self._queued_tokens = 0  # prompt tokens of self._waiting (max_queued_tokens)
         self._preempted: list[Sequence] = []  # resume before new requests, oldest first
         self._running: list[Sequence] = []  # oldest first; the last one is preempted first
         self._seqs: dict[SeqId, Sequence] = {}  # every unfinished sequence by id
@@ -115,13 +123,24 @@ class Scheduler:
     def num_running(self) -> int:
         return len(self._running)
 
+    @property
+    def num_queued(self) -> int:
+        """New requests waiting for their first admission (what max_queue_size bounds)."""
+        return len(self._waiting)
+
+    @property
+    def num_queued_tokens(self) -> int:
+        """Their prompt tokens (what max_queued_tokens bounds)."""
+        return self._queued_tokens
+
     def kv_need_blocks(self, seq: Sequence) -> int:
         """Most blocks `seq` can ever hold: the last sampled token is never computed."""
         return self.kv_manager.blocks_for(seq.num_prompt_tokens + seq.max_tokens - 1)
 
     def add(self, seq: Sequence) -> None:
-        """Queue a new request. Lowers seq.max_tokens to what max_seq_len leaves; raises ValueError
-        for a request that could never be scheduled."""
+        """Queue a new request. ValueError for one that could never be scheduled — prompt +
+        max_tokens beyond max_seq_len included: refused, never shortened; EngineOverloaded when
+        the waiting queue is at max_queue_size or max_queued_tokens."""
         cfg = self.config
         if seq.seq_id in self._seqs:
             raise ValueError(f"sequence id {seq.seq_id} is already in use by an unfinished request")
@@ -136,12 +155,30 @@ class Scheduler:
         if seq.max_tokens < 1 or seq.num_output_tokens >= seq.max_tokens:
             raise ValueError(f"request {seq.seq_id}: max_tokens={seq.max_tokens} is invalid: must be "
                              f">= 1 and more than the {seq.num_output_tokens} tokens already generated")
-        self._check_fits_pool(seq, min(seq.max_tokens, cfg.max_seq_len - n_prompt))
-        seq.max_tokens = min(seq.max_tokens, cfg.max_seq_len - n_prompt)
+        if n_prompt + seq.max_tokens > cfg.max_seq_len:
+            raise ValueError(
+                f"request {seq.seq_id}: prompt of {n_prompt} tokens + max_tokens={seq.max_tokens} "
+                f"exceeds max_seq_len={cfg.max_seq_len}; send max_tokens <= "
+                f"{cfg.max_seq_len - n_prompt} for this prompt, or shorten the prompt")
+        self._check_fits_pool(seq, seq.max_tokens)
+        self._check_queue_room(seq)
         seq.status = SequenceStatus.WAITING
         self._seqs[seq.seq_id] = seq
         self._rank[seq.seq_id] = next(self._counter)
         self._waiting.append(seq)
+        self._queued_tokens += n_prompt
+
+    def _check_queue_room(self, seq: Sequence) -> None:
+        cfg = self.config
+        if cfg.max_queue_size and len(self._waiting) >= cfg.max_queue_size:
+            raise EngineOverloaded(
+                f"server busy, retry later: {len(self._waiting)} requests are waiting for "
+                f"admission (max_queue_size={cfg.max_queue_size})")
+        if cfg.max_queued_tokens and self._queued_tokens + seq.num_prompt_tokens > cfg.max_queued_tokens:
+            raise EngineOverloaded(
+                f"server busy, retry later: {self._queued_tokens} prompt tokens are waiting for "
+                f"admission and this request brings {seq.num_prompt_tokens} "
+                f"(max_queued_tokens={cfg.max_queued_tokens})")
 
     def _check_fits_pool(self, seq: Sequence, max_tokens: int) -> None:
         cfg, kv = self.config, self.kv_manager
@@ -253,10 +290,16 @@ class Scheduler:
                 return
             if self._preempted and self._preempted[0] is seq:
                 self._preempted.pop(0)
-            elif self._waiting[0] is seq:
-                self._waiting.popleft()
             else:
-                self._waiting.remove(seq)
+                self._leave_queue(seq)
+
+    def _leave_queue(self, seq: Sequence) -> None:
+        """Take a new request out of the waiting queue (admitted or finished)."""
+        if self._waiting[0] is seq:
+            self._waiting.popleft()
+        else:
+            self._waiting.remove(seq)
+        self._queued_tokens -= seq.num_prompt_tokens
 
     def _next_waiting(self) -> Sequence | None:
         if self._preempted:
@@ -320,9 +363,11 @@ class Scheduler:
         seq = self._seqs.pop(seq_id, None)
         if seq is None:
             raise ValueError(f"no unfinished sequence with id {seq_id}")
-        queue = {SequenceStatus.RUNNING: self._running, SequenceStatus.WAITING: self._waiting,
-                 SequenceStatus.PREEMPTED: self._preempted}[seq.status]
-        queue.remove(seq)
+        if seq.status is SequenceStatus.WAITING:
+            self._leave_queue(seq)
+        else:
+            {SequenceStatus.RUNNING: self._running,
+             SequenceStatus.PREEMPTED: self._preempted}[seq.status].remove(seq)
         self.kv_manager.free(seq)
         self._rank.pop(seq_id)
         seq.status = status

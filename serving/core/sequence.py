@@ -56,7 +56,8 @@ class Sequence:
     prompt_token_ids: list[int]
     """The prompt (at least one token)."""
     max_tokens: int
-    """Most tokens to generate; `Scheduler.add` lowers it so prompt + output fit max_seq_len."""
+    """Most tokens to generate; `Scheduler.add` refuses a request whose prompt + max_tokens
+    exceed max_seq_len."""
     output_token_ids: list[int] = field(default_factory=list)
     """Tokens sampled so far, in order."""
     arrival_time: float = 0.0

@@ -5,6 +5,7 @@ The count of tests here is checked in conftest.EXPECTED_TESTS; keep it in step.
 
 from __future__ import annotations
 
+import queue
 import re
 import shutil
 import time
@@ -14,6 +15,7 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
 
+import numpy as np
 import pytest
 from google.protobuf import text_format
 
@@ -71,12 +73,12 @@ def served(engine_dir, tmp_path_factory):
         server.stop()
 
 
-def metrics(served: Served) -> dict[str, float]:
-    """trtforge_* samples of the served model, by metric name (+ `le` for buckets)."""
+def metrics(served: Served, model: str = MODEL) -> dict[str, float]:
+    """trtforge_* samples of a served model, by metric name (+ `le` for buckets)."""
     text = urllib.request.urlopen(served.server.metrics_url, timeout=10).read().decode()
     values = {}
     for line in text.splitlines():
-        if line.startswith("trtforge_") and f'model="{MODEL}"' in line:
+        if line.startswith("trtforge_") and f'model="{model}"' in line:
             name, value = line.rsplit(" ", 1)
             bucket = re.search(r'le="([^"]+)"', name)
             values[name.split("{")[0] + (f"@{bucket.group(1)}" if bucket else "")] = float(value)
@@ -152,6 +154,9 @@ def test_bad_requests_fail_alone_while_good_ones_finish(served):
         (lambda: "".join(client.stream_grpc(url, "hi", 4, beam_width=2)), "beam_width=2"),
         # Numbers as stop words: Triton itself refuses them (stop_words is a STRING input).
         (lambda: client.generate_http(http, "hi", 4, stop_words=[1, 2]), "non-string"),
+        # Refused, never shortened: the message gives the most this prompt may ask for.
+        (lambda: "".join(client.stream_grpc(url, "hi", 10**6)),
+         r"max_tokens=1000000 exceeds max_seq_len=256; send max_tokens <= 25\d"),
     ]
     good = [lambda p=p: "".join(client.stream_grpc(url, p, MAX_TOKENS)) for p in PROMPTS]
     with ThreadPoolExecutor(len(bad) + len(good)) as pool:
@@ -174,6 +179,97 @@ def test_invalid_parameter_fails_model_load_naming_it(served):
     # The served model is unaffected.
     assert "".join(client.stream_grpc(served.server.grpc_url, PROMPTS[0], MAX_TOKENS)) \
         == served.expected[PROMPTS[0]]
+
+
+def _load_busy_model(served: Served, engine_dir: Path, root: Path) -> str:
+    """A second model from `emit-repo --max-queue-size 1 --max-batch-size 1`: one request runs,
+    one waits, the rest are refused."""
+    run_cli("trtforge", "emit-repo", str(engine_dir), str(root / "busy-repo"),
+            "--max-queue-size", "1", "--max-batch-size", "1")
+    config = read_config(root / "busy-repo" / MODEL / "config.pbtxt")
+    assert config.parameters["max_queue_size"].string_value == "1"
+    config.name = "busy"
+    target = Path(served.server.repo) / "busy"
+    shutil.copytree(root / "busy-repo" / MODEL, target)
+    (target / "config.pbtxt").write_text(text_format.MessageToString(config))
+    request = urllib.request.Request(
+        f"http://{served.server.http_url}/v2/repository/models/busy/load", data=b"{}", method="POST")
+    urllib.request.urlopen(request, timeout=300).read()
+    return "busy"
+
+
+def _burst(url: str, model: str, prompts: list[str]) -> tuple[dict[int, str], list[tuple[str, float]]]:
+    """Send every prompt at once on one gRPC stream. Returns the streamed text of each request
+    that finished ({index: text}) and each error with its delay since the burst was sent (an
+    error response carries no request id; all were sent at the same instant)."""
+    import tritonclient.grpc as grpcclient
+
+    responses: queue.Queue = queue.Queue()
+    grpc = grpcclient.InferenceServerClient(url)
+    grpc.start_stream(callback=lambda result, error: responses.put((result, error, time.monotonic())))
+    texts: dict[int, str] = {}
+    done: dict[int, str] = {}
+    errors: list[tuple[str, float]] = []
+    try:
+        sent = time.monotonic()
+        for i, prompt in enumerate(prompts):
+            inputs = []
+            for name, arr in client.request_arrays(prompt, MAX_TOKENS, stream=True).items():
+                wire = {np.dtype(object): "BYTES", np.dtype(np.int32): "INT32",
+                        np.dtype(np.bool_): "BOOL"}[arr.dtype]
+                inputs.append(grpcclient.InferInput(name, list(arr.shape), wire))
+                inputs[-1].set_data_from_numpy(arr)
+            grpc.async_stream_infer(model, inputs, request_id=str(i), enable_empty_final_response=True)
+        while len(done) + len(errors) < len(prompts):
+            result, error, at = responses.get(timeout=120)
+            if error is not None:
+                errors.append((str(error), at - sent))
+                continue
+            response = result.get_response()
+            text = result.as_numpy("text_output")
+            if text is not None:
+                texts[int(response.id)] = texts.get(int(response.id), "") + \
+                    b"".join(np.asarray(text).reshape(-1)).decode()
+            if response.parameters["triton_final_response"].bool_param:
+                done[int(response.id)] = texts.get(int(response.id), "")
+    finally:
+        grpc.stop_stream()
+        grpc.close()
+    return done, errors
+
+
+def test_full_queue_refuses_a_burst_at_once_and_admitted_requests_finish(served, engine_dir,
+                                                                         tmp_path):
+    model = _load_busy_model(served, engine_dir, tmp_path)
+    prompts = [PROMPTS[i % len(PROMPTS)] for i in range(8)]
+    done, errors = _burst(served.server.grpc_url, model, prompts)
+    assert done and errors, f"expected both admitted and refused requests: {done}, {errors}"
+    assert done == {i: served.expected[prompts[i]] for i in done}
+    for message, delay in errors:
+        assert "server busy, retry later" in message and "max_queue_size=1" in message
+        assert delay < 1.0, f"a refusal took {delay:.2f} s"
+    m = metrics(served, model)
+    assert m["trtforge_requests_refused_total"] == len(errors)
+    assert wait_for(lambda: metrics(served, model)["trtforge_kv_blocks_used"] == 0)
+
+
+def test_request_past_its_deadline_is_aborted_and_frees_its_blocks(served):
+    url, n = served.server.grpc_url, served.max_seq_len - 16
+    started = time.monotonic()  # how long this server takes for the whole request, no deadline
+    assert len(list(client.stream_grpc(url, "Hello world", n, min_tokens=n))) == n
+    timeout = max((time.monotonic() - started) / 5, 0.02)
+    before = metrics(served)["trtforge_requests_timed_out_total"]
+    pieces: list[str] = []
+    started = time.monotonic()
+    with pytest.raises(RuntimeError, match=r"deadline exceeded: timeout_s=") as err:
+        for piece in client.stream_grpc(url, "Hello world", n, min_tokens=n, timeout_s=timeout):
+            pieces.append(piece)
+    assert time.monotonic() - started < timeout + 1.0
+    assert 0 < len(pieces) < n, f"{len(pieces)} of {n} tokens streamed before: {err.value}"
+    assert wait_for(lambda: metrics(served)["trtforge_kv_blocks_used"] == 0)
+    m = metrics(served)
+    assert m["trtforge_requests_running"] == 0
+    assert m["trtforge_requests_timed_out_total"] == before + 1
 
 
 def test_metrics_then_clean_stop(served):

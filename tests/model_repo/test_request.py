@@ -35,6 +35,12 @@ def test_top_p_zero_means_no_filter_as_in_tensorrt_llm():
     assert parse_request(request_arrays("x", 2, top_p=0.0)).params.top_p == 1.0
 
 
+def test_timeout_s_is_a_deadline_and_zero_means_none():
+    assert parse_request(request_arrays("x", 2, timeout_s=0.5)).params.timeout_s == 0.5
+    assert parse_request(request_arrays("x", 2, timeout_s=0.0)).params.timeout_s is None
+    assert parse_request(request_arrays("x", 2)).params.timeout_s is None
+
+
 def test_stop_and_bad_words_are_csv_lines():
     req = parse_request(request_arrays("x", 2, stop_words=["foo,bar", "", '"a,b"'],
                                        bad_words="baz"))
@@ -49,6 +55,7 @@ def test_stop_and_bad_words_are_csv_lines():
     (request_arrays("x", 4, temperature=-1.0), "temperature"),
     (request_arrays("x", 4, beam_width=2), "beam_width=2 is not supported"),
     (request_arrays("x", 4, return_generation_logits=True), "return_generation_logits"),
+    (request_arrays("x", 4, timeout_s=-1.0), "timeout_s=-1.0 is invalid"),
     ({"text_input": np.array([[b"x"]], dtype=object)}, "max_tokens is required"),
     ({"text_input": np.array([[b"a"], [b"b"]], dtype=object),
       "max_tokens": np.array([[1], [1]], dtype=np.int32)}, "one prompt per request"),

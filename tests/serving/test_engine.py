@@ -3,12 +3,18 @@ bad requests and logprobs (checked against Hugging Face transformers on the same
 
 from __future__ import annotations
 
+import time
+
 import pytest
 import torch
+from click.testing import CliRunner
 
 from tests.helpers.checkpoints import make_checkpoint
 from trtforge.builder.build import build_engine
 from trtforge.builder.build_config import BuildConfig
+from trtforge.serving.cli import main
+from trtforge.serving.core import kv_cache_manager
+from trtforge.serving.core.scheduler import EngineOverloaded
 from trtforge.serving.engine import LLMEngine
 from trtforge.serving.outputs import RequestOutput
 from trtforge.serving.core.sampling_params import SamplingParams
@@ -96,6 +102,84 @@ def test_stats_report_prefix_cache_hits_of_a_repeated_prompt(engine):
     assert again.output_token_ids == first.output_token_ids
 
 
+def test_colliding_prefix_key_recomputes_instead_of_reusing_another_prompts_kv(dirs, monkeypatch):
+    victim, other = PROMPT, "Pack my box with five dozen liquor jugs, said the quick judge."
+    plain = LLMEngine.from_engine_dir(dirs[1], enable_prefix_caching=False)
+    expected = [o.output_token_ids for o in plain.generate([victim, other], greedy(6))]
+    # Every block gets the same key: a lookup without the token check would serve `other`
+    # the victim's first block.
+    monkeypatch.setattr(kv_cache_manager, "block_key", lambda parent, packed: b"\0" * 32)
+    engine = LLMEngine.from_engine_dir(dirs[1])
+    assert engine.tokenizer.encode(other, add_special_tokens=False)[:4] \
+        != engine.tokenizer.encode(victim, add_special_tokens=False)[:4]
+    (first,) = engine.generate([victim], greedy(6))
+    assert engine.scheduler.kv_manager.num_cached_blocks == 1
+    (second,) = engine.generate([other], greedy(6))
+    stats = engine.stats()
+    assert stats.prefix_cache_hit_tokens == 0 and stats.prefix_cache_queried_tokens > 0
+    assert [first.output_token_ids, second.output_token_ids] == expected
+
+
+def test_full_queue_refuses_at_once_and_admitted_requests_finish(dirs, engine):
+    alone = {p: o.output_token_ids for p, o in zip([PROMPT, "Hello, world!"],
+                                                     engine.generate([PROMPT, "Hello, world!"], greedy(8)))}
+    busy = LLMEngine.from_engine_dir(dirs[1], max_batch_size=1, max_queue_size=1)
+    first = busy.add_request(PROMPT, greedy(8))
+    started = time.monotonic()
+    with pytest.raises(EngineOverloaded, match=r"server busy, retry later.*max_queue_size=1"):
+        busy.add_request("Hello, world!", greedy(8), request_id="refused")
+    assert time.monotonic() - started < 1.0
+    busy.step()  # the first is admitted: the queue has room again
+    second = busy.add_request("Hello, world!", greedy(8), request_id="refused")  # id reusable
+    outs = run_all(busy)
+    assert outs[first][-1].output_token_ids == alone[PROMPT]
+    assert outs[second][-1].output_token_ids == alone["Hello, world!"]
+    stats = busy.stats()
+    assert stats.requests_refused_total == 1 and stats.kv_blocks_used == 0
+
+
+def test_request_past_its_deadline_is_aborted_waiting_or_running(dirs, engine):
+    (alone,) = engine.generate(["Hello, world!"], greedy(40))
+    busy = LLMEngine.from_engine_dir(dirs[1], max_batch_size=2)
+    running = busy.add_request(PROMPT, greedy(40, timeout_s=1.0))
+    keep = busy.add_request("Hello, world!", greedy(40))
+    waiting = busy.add_request("Hi there", greedy(40, timeout_s=1.0))
+    started = time.monotonic()
+    outs: dict[str, list[RequestOutput]] = {}
+    for _ in range(3):
+        for out in busy.step():
+            outs.setdefault(out.request_id, []).append(out)
+    assert time.monotonic() - started < 0.9, "too slow to observe the requests before the deadline"
+    assert busy.stats().num_running == 2 and busy.stats().num_waiting == 1
+    time.sleep(max(0.0, started + 1.05 - time.monotonic()))
+    for rid, more in run_all(busy).items():
+        outs.setdefault(rid, []).extend(more)
+    for rid in (running, waiting):
+        final = outs[rid][-1]
+        assert final.finished and final.finish_reason == "timeout"
+        assert "deadline exceeded: timeout_s=1" in final.error
+    assert 3 <= len(outs[running][-1].output_token_ids) < 40
+    assert outs[waiting][-1].output_token_ids == [] and outs[waiting][-1].metrics.first_scheduled_time is None
+    assert outs[keep][-1].output_token_ids == alone.output_token_ids
+    stats = busy.stats()
+    assert stats.requests_timed_out_total == 2 and stats.kv_blocks_used == 0
+    busy.scheduler.kv_manager.check_invariants()
+
+
+def test_cli_refuses_too_many_tokens_and_reports_timeouts(dirs):
+    engine_dir = str(dirs[1])
+    result = CliRunner().invoke(main, ["generate", engine_dir, "--prompt", PROMPT,
+                                       "--max-tokens", "99999999999999"])
+    assert result.exit_code != 0 and "exceeds max_seq_len=64" in result.output
+    result = CliRunner().invoke(main, ["generate", engine_dir, "--prompt", PROMPT,
+                                       "--max-tokens", "8", "--timeout-s", "0.000001", "--json"])
+    assert result.exit_code == 0, result.output
+    assert '"finish_reason": "timeout"' in result.output
+    result = CliRunner().invoke(main, ["generate", engine_dir, "--prompt", "a", "--prompt", "b",
+                                       "--schedule", "max_queue_size=1"])
+    assert result.exit_code != 0 and "server busy, retry later" in result.output
+
+
 def test_finish_reasons_stop_token_and_length(engine):
     (full,) = engine.generate([PROMPT], greedy(12))
     assert full.finish_reason == "length" and len(full.output_token_ids) == 12
@@ -153,6 +237,9 @@ def test_timestamps_are_ordered(engine):
     (PROMPT, SamplingParams(top_p=1.5), ["top_p", "1.5"]),
     (PROMPT, SamplingParams(stop="###"), ["stop", "###"]),  # a bare string, not a list
     ([5, 6, 10**6], greedy(4), ["outside the vocabulary", "1000000"]),
+    (PROMPT, greedy(99999999999999), ["max_tokens=99999999999999 exceeds max_seq_len=64",
+                                      "max_tokens <= "]),
+    (PROMPT, greedy(4, timeout_s=0.0), ["timeout_s=0.0", "> 0"]),
     ("", greedy(4), ["empty"]),
 ])
 def test_bad_request_raises_and_engine_keeps_serving(engine, prompt, params, words):
@@ -169,8 +256,11 @@ def test_bad_request_raises_and_engine_keeps_serving(engine, prompt, params, wor
     assert engine.stats().kv_blocks_used == 0 and engine.stats().num_waiting == 0
 
 
-def test_longest_prompt_gets_one_token_and_duplicate_ids_are_refused(engine):
-    rid = engine.add_request(list(range(5, 4 + MAX_SEQ_LEN)), greedy(16), request_id="long")
+def test_longest_prompt_may_ask_one_token_and_duplicate_ids_are_refused(engine):
+    longest = list(range(5, 4 + MAX_SEQ_LEN))
+    with pytest.raises(ValueError, match="send max_tokens <= 1 for this prompt"):
+        engine.add_request(longest, greedy(16), request_id="long")
+    rid = engine.add_request(longest, greedy(1), request_id="long")
     with pytest.raises(ValueError, match="already in use"):
         engine.add_request(PROMPT, greedy(4), request_id="long")
     final = run_all(engine)[rid][-1]

@@ -9,8 +9,11 @@ triton-inference-server/vllm_backend):
   `step()`, builds each request's responses, aborts cancelled ones (freeing their KV blocks) and
   updates the metrics. A response thread sends the responses, in order, so the IPC of sending
   overlaps the next step's kernels; a client found gone there is aborted by the engine thread.
-* A bad request gets an error response of its own; the others continue. A failing `step()`
-  fails the requests in flight, not the model.
+* A bad request gets an error response of its own (INVALID_ARG); the others continue. A request
+  refused because the waiting queue is full, or aborted past its `timeout_s`, gets UNAVAILABLE
+  with a message saying so. (Triton 2.51's HTTP generate endpoints answer 400 whatever the code,
+  and gRPC streams carry only the message: the messages are what clients can rely on.) A failing
+  `step()` fails the requests in flight, not the model.
 * `finalize()` stops accepting work, lets in-flight requests finish (up to
   `finalize_drain_timeout_s`), aborts the rest and joins the thread.
 """
@@ -32,6 +35,7 @@ from trtforge.model_repo import params as P
 from trtforge.model_repo.interface import INPUTS
 from trtforge.model_repo.metrics import EngineMetrics
 from trtforge.model_repo.request import GenerationRequest, parse_request
+from trtforge.serving.core.scheduler import EngineOverloaded
 
 FINAL = pb_utils.TRITONSERVER_RESPONSE_COMPLETE_FINAL
 _IDLE_WAIT_S = 0.05  # how long the idle engine thread blocks on the queue before re-checking
@@ -97,13 +101,15 @@ class TritonPythonModel:
             try:
                 parsed = parse_request(_inputs(request), self.exclude_input_default)
             except (ValueError, TypeError, OverflowError) as exc:
-                _send_error(sender, f"bad request: {exc}")
+                _send_error(sender, f"bad request: {exc}", "INVALID_ARG")
                 continue
             with self._lock:
                 if not self._accepting:
-                    _send_error(sender, "the model is being unloaded; retry on another instance.")
+                    _send_error(sender, "the model is being unloaded; retry on another instance.",
+                                "UNAVAILABLE")
                     continue
-                self._inbox.put((parsed, sender))
+                # Arrival is now: a deadline (timeout_s) counts the wait for the engine thread too.
+                self._inbox.put((parsed, sender, time.monotonic()))
         return None
 
     def finalize(self) -> None:
@@ -142,13 +148,16 @@ class TritonPythonModel:
         except queue.Empty:
             return
         while item is not None:
-            parsed, sender = item
+            parsed, sender, arrived = item
             self._next_id += 1
             request_id = f"triton-{self._next_id}"
             try:
-                self.engine.add_request(parsed.prompt, parsed.params, request_id=request_id)
+                self.engine.add_request(parsed.prompt, parsed.params, request_id=request_id,
+                                        arrival_time=arrived)
+            except EngineOverloaded as exc:  # the waiting queue is full: refused now, not queued
+                self._send(None, sender, _error_response(str(exc), "UNAVAILABLE"), FINAL)
             except ValueError as exc:  # prompt too long, bad stop words, …: this request only
-                self._send(None, sender, _error_response(f"bad request: {exc}"), FINAL)
+                self._send(None, sender, _error_response(f"bad request: {exc}", "INVALID_ARG"), FINAL)
             else:
                 self._active[request_id] = _Active(parsed, sender)
             try:
@@ -195,8 +204,9 @@ class TritonPythonModel:
             return
         if output.error or output.finish_reason in ("error", "abort"):
             self._active.pop(output.request_id)
-            self._send(None, active.sender, _error_response(output.error or f"request {output.finish_reason}ed"),
-                       FINAL)
+            code = "UNAVAILABLE" if output.finish_reason == "timeout" else "INTERNAL"
+            self._send(None, active.sender,
+                       _error_response(output.error or f"request {output.finish_reason}ed", code), FINAL)
             return
         new_logprobs = list(output.logprobs or [])
         active.logprobs.extend(new_logprobs)
@@ -259,9 +269,11 @@ def _try_send(sender: Any, response: Any, flags: int) -> bool:
         return False
 
 
-def _error_response(message: str) -> Any:
-    return pb_utils.InferenceResponse(error=pb_utils.TritonError(message))
+def _error_response(message: str, code: str = "INTERNAL") -> Any:
+    """An error response; `code` names a pb_utils.TritonError code (INVALID_ARG, UNAVAILABLE, …)."""
+    error = pb_utils.TritonError(message, getattr(pb_utils.TritonError, code))
+    return pb_utils.InferenceResponse(error=error)
 
 
-def _send_error(sender: Any, message: str) -> None:
-    _try_send(sender, _error_response(message), FINAL)
+def _send_error(sender: Any, message: str, code: str = "INTERNAL") -> None:
+    _try_send(sender, _error_response(message, code), FINAL)

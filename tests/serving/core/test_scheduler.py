@@ -6,7 +6,7 @@ import sys
 import pytest
 
 from trtforge.serving.core.config import ConfigError, SchedulerConfig
-from trtforge.serving.core.scheduler import Scheduler
+from trtforge.serving.core.scheduler import EngineOverloaded, Scheduler
 from trtforge.serving.core.sequence import Sequence, SequenceStatus as S
 
 TOKEN = 7  # what the fake model samples
@@ -152,8 +152,8 @@ def test_add_refuses_requests_that_can_never_run():
         add(sched, 2, 0)
     with pytest.raises(ValueError, match="needs up to 8 KV blocks.*only 6"):
         add(sched, 3, 20, max_tokens=12)
-    with pytest.raises(ValueError, match="max_tokens=12"):  # 100 clamped by max_seq_len: 8 blocks
-        add(sched, 4, 20, max_tokens=100)
+    with pytest.raises(ValueError, match="max_tokens=13 exceeds max_seq_len=32.*<= 12"):
+        add(sched, 4, 20, max_tokens=13)
     add(sched, 4, 20, max_tokens=4)  # 23 KV tokens: 6 blocks, fits
     with pytest.raises(ValueError, match="already in use"):
         add(sched, 4, 3)
@@ -161,9 +161,52 @@ def test_add_refuses_requests_that_can_never_run():
         add(sched, 5, 3, max_tokens=0)
 
 
-def test_add_clamps_max_tokens_to_max_seq_len():
+def test_add_refuses_prompt_plus_max_tokens_beyond_max_seq_len_instead_of_capping():
     sched = make_sched(max_seq_len=16)
-    assert add(sched, 1, 10, max_tokens=100).max_tokens == 6
+    with pytest.raises(ValueError) as err:
+        add(sched, 1, 10, max_tokens=99999999999999)
+    assert "prompt of 10 tokens + max_tokens=99999999999999 exceeds max_seq_len=16" in str(err.value)
+    assert "max_tokens <= 6" in str(err.value)
+    assert idle(sched) and sched.num_queued_tokens == 0
+    seq = add(sched, 1, 10, max_tokens=6)  # exactly max_seq_len: accepted as asked
+    while not idle(sched):
+        step(sched)
+    assert seq.max_tokens == 6 and seq.num_output_tokens == 6 and seq.num_tokens == 16
+
+
+def test_full_queue_refuses_at_once_and_admission_makes_room():
+    sched = make_sched(max_queue_size=2, max_batch_size=1)
+    running, waiting = add(sched, 1, 3, max_tokens=3), add(sched, 2, 3)
+    with pytest.raises(EngineOverloaded, match=r"server busy, retry later.*max_queue_size=2"):
+        add(sched, 3, 3)
+    assert not isinstance(EngineOverloaded("x"), ValueError), "busy is not a bad request"
+    step(sched)  # admits the first (max_batch_size=1): one place frees up
+    assert sched.num_queued == 1 and running.status is S.RUNNING
+    add(sched, 3, 3)
+    with pytest.raises(EngineOverloaded):
+        add(sched, 4, 3)
+    sched.finish(waiting.seq_id, S.FINISHED_ABORTED)  # leaving the queue frees a place too
+    add(sched, 4, 3)
+    assert sched.num_queued == 2 and sched.num_queued_tokens == 6
+
+
+def test_queued_prompt_tokens_are_bounded():
+    sched = make_sched(max_queued_tokens=70, max_seq_len=64, max_batch_size=1)
+    add(sched, 1, 40)
+    step(sched)  # admitted: no longer queued
+    add(sched, 2, 40)
+    add(sched, 3, 30)
+    with pytest.raises(EngineOverloaded, match=r"70 prompt tokens are waiting.*brings 1 "
+                                               r"\(max_queued_tokens=70\)"):
+        add(sched, 4, 1)
+    assert sched.num_queued_tokens == 70
+    sched.finish(2, S.FINISHED_ABORTED)
+    assert sched.num_queued_tokens == 30
+    add(sched, 4, 40)
+    with pytest.raises(ConfigError, match="max_queued_tokens=10 is invalid.*>= max_seq_len - 1 = 63"):
+        SchedulerConfig(max_queued_tokens=10, max_seq_len=64).validate()
+    with pytest.raises(ConfigError, match="max_queue_size=-1"):
+        SchedulerConfig(max_queue_size=-1).validate()
 
 
 # ---- chunking and budgets -------------------------------------------------------------------
@@ -272,6 +315,7 @@ def test_max_utilization_preempts_the_newest_and_recomputes_it():
     assert out.preempted == [2] and [c.seq_id for c in out.chunks] == [1]
     assert b.num_computed_tokens == 0 and b.block_table == []
     assert b.status is S.PREEMPTED and sched.num_waiting == 1 and sched.num_preemptions == 1
+    assert sched.num_queued == 0 and sched.num_queued_tokens == 0  # max_queue_size ignores it
     outputs_before = list(b.output_token_ids)
     sched.finish(1, S.FINISHED_ABORTED)  # make room: b resumes and recomputes prompt + outputs, chunked like a prompt
     chunks = []

@@ -58,7 +58,8 @@ class Driver:
             # chained hash tells them apart
             vocab = 3 if rng.random() < 0.3 else VOCAB
             prompt += [rng.randrange(1, vocab) for _ in range(rng.randint(1, 24))]
-        seq = Sequence(seq_id, prompt[:MAX_SEQ_LEN - 1], max_tokens=rng.randint(1, 20))
+        prompt = prompt[:MAX_SEQ_LEN - 1]
+        seq = Sequence(seq_id, prompt, max_tokens=min(rng.randint(1, 20), MAX_SEQ_LEN - len(prompt)))
         self.sched.add(seq)
         self.all.append(seq)
         self.live[seq_id] = seq
