@@ -11,8 +11,10 @@ import pytest
 BIN = Path(sys.executable).parent
 """Where `trtforge` and `build-engine` of the running environment live."""
 BUILD_FLAGS = ["--dtype", "float32", "--max-batch-size", "32", "--max-num-tokens", "256",
-               "--max-seq-len", "256", "--kv-block-size", "8", "--kv-cache-memory", "8MiB"]
-"""build-engine flags of the e2e engine (TRTFORGE_E2E_ENGINE must be built with the same)."""
+               "--max-seq-len", "2048", "--kv-block-size", "8", "--kv-cache-memory", "8MiB"]
+"""build-engine flags of the e2e engine (TRTFORGE_E2E_ENGINE must be built with the same). A long
+max_seq_len keeps the longest answers running ~1 s, long enough for a test to cancel one in the
+middle: with 256 the tiny engine finished all of them in ~0.15 s and the cancel tests raced it."""
 
 
 def run_cli(*args: str, timeout: int = 300) -> None:
