@@ -4,8 +4,6 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-FINISH_REASONS = ("stop", "length", "abort", "error", "timeout")
-
 
 @dataclass
 class RequestMetrics:

@@ -77,14 +77,6 @@ class SchedulerOutput:
     def is_empty(self) -> bool:
         return not self.chunks
 
-    @property
-    def num_prefill_tokens(self) -> int:
-        return sum(c.num_tokens for c in self.chunks if not c.is_decode)
-
-    @property
-    def num_decode_tokens(self) -> int:
-        return sum(c.num_tokens for c in self.chunks if c.is_decode)
-
 
 @dataclass
 class _Budget:

@@ -108,7 +108,3 @@ class Sequence:
     def is_finished(self) -> bool:
         return self.status.is_finished
 
-    @property
-    def last_token_id(self) -> int:
-        """The newest token (the input of the next decode step)."""
-        return self.output_token_ids[-1] if self.output_token_ids else self.prompt_token_ids[-1]

@@ -119,5 +119,3 @@ class TensorRTNetwork:
         if not ctx.execute_async_v3(torch.cuda.current_stream(device).cuda_stream):
             raise RuntimeError("TensorRT failed to run the step (see its log above)")
         return logits
-
-    forward = __call__
