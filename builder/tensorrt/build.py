@@ -25,10 +25,10 @@ from typing import Any
 from ..build_config import parse_bytes
 from ..errors import BuildError
 from ..report import kv_bytes_per_token
+from .availability import find_tensorrt
 
 log = logging.getLogger(__name__)
 
-MIN_TENSORRT = (10, 6)
 INSTALL_HINT = ("install it with `pip install trtforge[tensorrt]` on a machine with an NVIDIA GPU and driver, "
                 "or use the NGC image (see docs/tensorrt.md)")
 TIMING_CACHE_ENV = "TRTFORGE_TIMING_CACHE"
@@ -36,23 +36,9 @@ TIMING_CACHE_ENV = "TRTFORGE_TIMING_CACHE"
 
 def require_tensorrt() -> Any:
     """The `tensorrt` module, or BuildError saying what is missing (TensorRT, its version, a GPU)."""
-    try:
-        import tensorrt as trt
-    except ImportError:
-        raise BuildError(f"--backend tensorrt needs TensorRT >= {'.'.join(map(str, MIN_TENSORRT))}, which is "
-                         f"not installed: {INSTALL_HINT}.") from None
-    if not hasattr(trt, "__version__"):  # e.g. a stray directory named tensorrt on sys.path
-        raise BuildError(f"--backend tensorrt: the `tensorrt` found at {list(getattr(trt, '__path__', []))} is not "
-                         f"NVIDIA TensorRT: {INSTALL_HINT}.")
-    version = tuple(int(x) for x in trt.__version__.split(".")[:2])
-    if version < MIN_TENSORRT:
-        raise BuildError(f"TensorRT {trt.__version__} is too old for the PagedAttention plugin (Python "
-                         f"plugins need >= {'.'.join(map(str, MIN_TENSORRT))}): {INSTALL_HINT}.")
-    import torch
-
-    if not torch.cuda.is_available():
-        raise BuildError("--backend tensorrt builds on an NVIDIA GPU, and torch sees no CUDA device here "
-                         f"(torch {torch.__version__}). Build on a GPU machine, or use --backend torch.")
+    trt, problem = find_tensorrt()
+    if problem is not None:
+        raise BuildError(f"--backend tensorrt: {problem}: {INSTALL_HINT}; or build with --backend torch.")
     return trt
 
 

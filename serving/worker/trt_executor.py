@@ -18,6 +18,7 @@ from typing import Any
 
 import torch
 
+from trtforge.builder.tensorrt.availability import find_tensorrt
 from trtforge.plugins.paged_attention.metadata import AttentionMetadata
 
 INSTALL_HINT = ("install it with `pip install trtforge[tensorrt]` on a machine with an NVIDIA GPU, or run the "
@@ -34,16 +35,10 @@ class TensorRTUnavailable(RuntimeError):
 
 
 def _require_runtime() -> Any:
-    try:
-        import tensorrt as trt
-    except ImportError:
-        raise TensorRTUnavailable(f"this engine was built with --backend tensorrt and needs TensorRT to run, "
-                                  f"which is not installed: {INSTALL_HINT}.") from None
-    if not hasattr(trt, "__version__"):  # e.g. a stray directory named tensorrt on sys.path
-        raise TensorRTUnavailable(f"the `tensorrt` module found is not NVIDIA TensorRT: {INSTALL_HINT}.")
-    if not torch.cuda.is_available():
-        raise TensorRTUnavailable(f"this engine was built with --backend tensorrt and runs on an NVIDIA GPU, but "
-                                  f"torch sees no CUDA device (torch {torch.__version__}): {INSTALL_HINT}.")
+    trt, problem = find_tensorrt()
+    if problem is not None:
+        raise TensorRTUnavailable(f"this engine was built with --backend tensorrt and cannot run here: "
+                                  f"{problem}: {INSTALL_HINT}.")
     return trt
 
 
