@@ -14,6 +14,7 @@ import typing
 from typing import Any
 
 from trtforge.builder.config_docs import parse_text
+from trtforge.serving.core.config import SchedulerConfig
 
 # Parameters of the engine model that are not scheduler fields.
 ENGINE_DIR = "engine_dir"
@@ -38,26 +39,14 @@ ADAPTER_PARAMETER_DOCS = {
 
 
 def scheduler_config_cls() -> type:
-    """SchedulerConfig, imported late so that this module loads without the runtime."""
-    from trtforge.serving.core.config import SchedulerConfig  # noqa: PLC0415
-
+    """SchedulerConfig (torch-free: this module loads in the python-backend stub before the engine)."""
     return SchedulerConfig
 
 
-# SchedulerConfig fields that describe the engine and its KV memory, not a scheduling choice:
-# the engine fills them in, and overriding one would disagree with the compiled engine or the
-# allocated KV pool. They are not parameters; kv_cache_memory is.
-ENGINE_FIELDS = ("max_seq_len", "block_size", "num_blocks")
-
-
-def _refuse_engine_fields(names: object) -> None:
-    given = sorted(set(names) & set(ENGINE_FIELDS))  # type: ignore[arg-type]
-    if given:
-        raise ValueError(
-            f"{given} describe the engine, not its scheduling: rebuild it (build-engine "
-            "--max-seq-len / --kv-block-size) or set the kv_cache_memory parameter to change "
-            "the number of KV blocks."
-        )
+ENGINE_FIELDS = SchedulerConfig.ENGINE_FIELDS
+"""SchedulerConfig fields that describe the engine and its KV memory: not parameters (the
+kv_cache_memory parameter is)."""
+_refuse_engine_fields = SchedulerConfig.refuse_engine_fields
 
 
 def scheduler_field_docs() -> dict[str, str]:

@@ -82,14 +82,21 @@ class SchedulerConfig:
         if num_blocks is not None:
             engine["num_blocks"] = num_blocks
         overrides = dict(overrides or {})
-        given = sorted(set(overrides) & set(cls.ENGINE_FIELDS))
-        if given:
-            raise ConfigError(f"{given} describe the engine, not its scheduling: rebuild it "
-                              "(build-engine --max-seq-len / --kv-block-size) or give the KV cache "
-                              "another amount of memory to change the number of KV blocks")
+        cls.refuse_engine_fields(overrides)
         # The engine's own values win over any engine field recorded among the scheduling ones.
         recorded = {k: v for k, v in scheduling.items() if k not in cls.ENGINE_FIELDS}
         return cls(**engine).with_overrides(**{**recorded, **overrides})
+
+    @classmethod
+    def refuse_engine_fields(cls, names: Any) -> None:
+        """ConfigError if `names` include fields that describe the engine (ENGINE_FIELDS): overriding
+        one would disagree with the compiled engine or the allocated KV pool."""
+        given = sorted(set(names) & set(cls.ENGINE_FIELDS))
+        if given:
+            raise ConfigError(f"{given} describe the engine, not its scheduling: rebuild it "
+                              "(build-engine --max-seq-len / --kv-block-size) or give the KV cache "
+                              "another amount of memory (kv_cache_memory) to change the number of "
+                              "KV blocks")
 
     @classmethod
     def field_docs(cls) -> dict[str, str]:
