@@ -1,0 +1,1 @@
+"""`build-engine --backend trtllm`: build with NVIDIA TensorRT-LLM (docs/tensorrt-llm.md)."""
