@@ -7,7 +7,7 @@ from dataclasses import asdict, dataclass
 
 from .errors import BuildError
 
-BACKENDS = ("torch", "tensorrt")  # the ones that exist; `build-engine --backend` offers exactly these
+BACKENDS = ("torch", "tensorrt", "trtllm")  # the ones that exist; `build-engine --backend` offers exactly these
 DTYPES = ("auto", "float32", "float16", "bfloat16")
 DTYPE_BYTES = {"float32": 4, "float16": 2, "bfloat16": 2}
 _UNITS = {"": 1, "B": 1, "KB": 10**3, "MB": 10**6, "GB": 10**9, "TB": 10**12,
@@ -29,7 +29,7 @@ class BuildConfig:
     """Options of `build-engine`; recorded in engine.json under "build"."""
 
     backend: str = "torch"
-    """torch (runs on CPU and CUDA with trtforge's runtime) | tensorrt (ONNX + PagedAttention plugin → TensorRT plan; needs a GPU)."""
+    """torch (runs on CPU and CUDA with trtforge's runtime) | tensorrt (ONNX + PagedAttention plugin → TensorRT plan; needs a GPU) | trtllm (NVIDIA TensorRT-LLM engine for Triton's tensorrtllm backend; needs its NGC image and a GPU)."""
     dtype: str = "auto"
     """Weight and activation dtype: auto (the checkpoint's own) | float32 | float16 | bfloat16."""
     max_batch_size: int = 64

@@ -25,7 +25,11 @@ def _parse_schedule(items: tuple[str, ...]) -> dict[str, Any]:
     return out
 
 
-def _backend_hook(build: BuildConfig) -> Any:
+def _backend_hook(build: BuildConfig, checkpoint: str) -> Any:
+    if build.backend == "trtllm":
+        from .trtllm.build import trtllm_hook
+
+        return trtllm_hook(checkpoint, build)  # fails before converting anything without TensorRT-LLM
     if build.backend == "tensorrt":
         from .tensorrt.build import build_tensorrt, require_tensorrt
 
@@ -53,7 +57,7 @@ def build_engine(checkpoint: str, output: str, force: bool, triton_repo: str | N
         build = BuildConfig(**pick(BuildConfig, options))
         scheduling = _validated_schedule(_parse_schedule(schedule), build)
         out, cfg = run_build(checkpoint, output, build, force=force, scheduling=scheduling,
-                             progress=not quiet, on_tmp_dir=_backend_hook(build))
+                             progress=not quiet, on_tmp_dir=_backend_hook(build, checkpoint))
     except BuildError as exc:
         raise click.ClickException(str(exc)) from None
     if not quiet:

@@ -86,7 +86,7 @@ def test_missing_tokenizer(tmp_path, good_ckpt):
     (["--kv-cache-memory", "1KiB"], ["--kv-cache-memory 1KiB"]),
     (["--kv-cache-memory", "lots"], ["'lots'"]),
     (["--dtype", "int3"], ["--dtype 'int3'"]),
-    (["--backend", "trtllm"], ["'trtllm' is not one of 'torch', 'tensorrt'"]),  # offered only once it exists
+    (["--backend", "vllm"], ["'vllm' is not one of 'torch', 'tensorrt', 'trtllm'"]),  # only backends that exist
     (["--schedule", "prefill_chunk_size=-3"], ["prefill_chunk_size=-3"]),
     (["--schedule", "policy=yolo"], ["policy", "guaranteed_no_evict"]),
 ])
