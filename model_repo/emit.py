@@ -124,6 +124,7 @@ def emit_repo(engine_dir: str | os.PathLike, repo_dir: str | os.PathLike, *,
               device: str = "cpu", triton_max_batch_size: int | None = None,
               exclude_input_in_output: bool = False, drain_timeout_s: float = 5.0,
               kv_cache_memory: str | None = None,
+              trtllm_models_dir: str | os.PathLike | None = None, disaggregated: bool = False,
               **scheduler_overrides: Any) -> Path:
     """Write (or replace) the `ensemble` model of `repo_dir` for `engine_dir`.
 
@@ -133,6 +134,17 @@ def emit_repo(engine_dir: str | os.PathLike, repo_dir: str | os.PathLike, *,
     """
     engine_dir = Path(engine_dir).resolve()
     engine = _engine_json(engine_dir)
+    if engine.get("backend") == "trtllm":  # served by Triton's tensorrtllm backend (model_repo/trtllm)
+        from .trtllm.emit import emit_trtllm_repo  # noqa: PLC0415
+
+        return emit_trtllm_repo(engine_dir, repo_dir, engine, device=device,
+                                triton_max_batch_size=triton_max_batch_size,
+                                exclude_input_in_output=exclude_input_in_output,
+                                kv_cache_memory=kv_cache_memory, models_dir=trtllm_models_dir,
+                                disaggregated=disaggregated, **scheduler_overrides)
+    if trtllm_models_dir is not None or disaggregated:
+        raise ValueError(f"--trtllm-models-dir and --disaggregated are for engines built with "
+                         f"--backend trtllm; {engine_dir} has backend {engine.get('backend', 'torch')!r}.")
     if triton_max_batch_size is None:  # the batch dimension clients send; one prompt each
         triton_max_batch_size = int(engine.get("build", {}).get("max_batch_size", 64))
     parameters = {
@@ -158,6 +170,7 @@ def _write_model(repo: Path, name: str, config: str, files: dict[str, Path]) -> 
         (tmp / "1").mkdir()
         (tmp / "config.pbtxt").write_text(config + "\n")
         for dest, src in files.items():
+            (tmp / "1" / dest).parent.mkdir(parents=True, exist_ok=True)  # e.g. lib/decode.py
             shutil.copyfile(src, tmp / "1" / dest)
         target = repo / name
         if target.exists():

@@ -1,0 +1,176 @@
+"""`emit-repo` for an engine built with `--backend trtllm`: a repository for Triton's
+`tensorrtllm` backend, laid out as TensorRT-LLM's `inflight_batcher_llm`.
+
+    REPO/ensemble            platform "ensemble": preprocessing → tensorrt_llm → postprocessing
+    REPO/preprocessing       python: tokenizer (TensorRT-LLM's model.py)
+    REPO/tensorrt_llm        backend "tensorrtllm": the engine, in-flight batching, paged KV
+    REPO/postprocessing      python: detokenizer (TensorRT-LLM's model.py)
+    REPO/tensorrt_llm_bls    python: the same chain as one BLS model (TensorRT-LLM's model.py)
+
+With `disaggregated`: `context` and `generation` (two tensorrt_llm models, each its own GPU,
+MPI participant and scheduling values) and `disaggregated_serving_bls` replace tensorrt_llm and
+tensorrt_llm_bls, and the ensemble calls disaggregated_serving_bls, as upstream's
+all_models/disaggregated_serving/README.md lays it out.
+
+The python models' code is TensorRT-LLM's, not trtforge's: it ships in the NGC image under
+/app/all_models and in the tensorrtllm_backend release. It is copied from `models_dir` when one is
+found; otherwise the configs are written and the files to add are listed.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import shutil
+from dataclasses import replace
+from pathlib import Path
+from typing import Any
+
+from trtforge.builder.trtllm.versions import TARGET
+
+from .. import params as P
+from ..emit import _checked_bytes, _write_model, config_text
+from . import configs as C
+from .files import model_files, stale_models
+from .mapping import not_carried_over
+from .templates import differences, facts_of, read_template
+from .values import Phase, TrtllmRepoOptions, python_model_parameters, tensorrt_llm_parameters
+
+log = logging.getLogger(__name__)
+
+# Upstream's disaggregated serving README: context on GPU 0 as MPI rank 1, generation on GPU 1
+# as rank 2 (rank 0 is the orchestrator).
+PHASES = (Phase("context", gpu_device_ids="0", participant_ids="1"),
+          Phase("generation", gpu_device_ids="1", participant_ids="2", chunked_context=False))
+
+
+def emit_trtllm_repo(engine_dir: Path, repo_dir: str | os.PathLike, engine: dict, *,
+                     device: str = "cpu", triton_max_batch_size: int | None = None,
+                     exclude_input_in_output: bool = False, kv_cache_memory: str | None = None,
+                     models_dir: str | os.PathLike | None = None, disaggregated: bool = False,
+                     **scheduler_overrides: Any) -> Path:
+    """Write the trtllm repository for `engine_dir` into `repo_dir` (see module doc); returns it.
+
+    Scheduler overrides are SchedulerConfig fields, validated as for any engine; those without
+    a TensorRT-LLM counterpart are reported (logged and written into tensorrt_llm's config)."""
+    P.check_unknown_overrides(scheduler_overrides)
+    given = {k: v for k, v in scheduler_overrides.items() if v is not None}
+    scheduling = P.scheduler_config_cls().for_engine(engine["build"], engine.get("scheduling", {}),
+                                                     overrides=given)
+    opts = TrtllmRepoOptions(
+        triton_max_batch_size=triton_max_batch_size or int(engine["build"]["max_batch_size"]),
+        kv_cache_memory=_checked_bytes(kv_cache_memory) or engine["build"]["kv_cache_memory"],
+        exclude_input_in_output=exclude_input_in_output, gpu_device_ids=_gpu_ids(device))
+    notes = not_carried_over(scheduling, engine["build"])
+    configs = _configs(engine_dir, engine, scheduling, opts, disaggregated)
+    source = _models_dir(models_dir)
+    repo = Path(repo_dir)
+    repo.mkdir(parents=True, exist_ok=True)
+    for name in stale_models(disaggregated):
+        shutil.rmtree(repo / name, ignore_errors=True)
+    missing = []
+    for name, config in configs.items():
+        files, absent = model_files(name, source)
+        missing += absent
+        header = _header(name, config, engine, source,
+                         notes if config.backend == "tensorrtllm" else [])
+        _write_model(repo, name, config_text(config, header), files)
+    _report(engine, notes, missing, _template_differences(configs, source))
+    return repo
+
+
+def _configs(engine_dir: Path, engine: dict, scheduling: Any, opts: TrtllmRepoOptions,
+             disaggregated: bool) -> dict:
+    queue = scheduling.max_queue_size
+    out = {"ensemble": C.ensemble_config(opts, "disaggregated_serving_bls" if disaggregated
+                                         else "tensorrt_llm"),
+           "preprocessing": C.preprocessing_config(
+               opts, queue, python_model_parameters("preprocessing", engine_dir)),
+           "postprocessing": C.postprocessing_config(
+               opts, python_model_parameters("postprocessing", engine_dir))}
+    if not disaggregated:
+        out["tensorrt_llm"] = C.tensorrt_llm_config(
+            "tensorrt_llm", opts, queue, tensorrt_llm_parameters(engine_dir, engine, scheduling, opts))
+        out["tensorrt_llm_bls"] = C.bls_config(
+            "tensorrt_llm_bls", opts, python_model_parameters("tensorrt_llm_bls", engine_dir))
+        return out
+    for phase in PHASES:
+        out[phase.name] = C.tensorrt_llm_config(
+            phase.name, opts, queue,
+            tensorrt_llm_parameters(engine_dir, engine, scheduling, opts, phase))
+    out["disaggregated_serving_bls"] = C.bls_config(
+        "disaggregated_serving_bls", replace(opts, instance_count=1),
+        python_model_parameters("disaggregated_serving_bls", engine_dir))
+    return out
+
+
+def _gpu_ids(device: str) -> str:
+    """emit-repo's --device for the tensorrt_llm model: cuda:N → "N", else every visible GPU."""
+    kind, _, index = device.partition(":")
+    if kind not in ("cpu", "cuda") or (index and not index.isdigit()):
+        raise ValueError(f"--device {device!r}: write cpu, cuda or cuda:N")
+    return index
+
+
+def _models_dir(given: str | os.PathLike | None) -> Path | None:
+    """Where TensorRT-LLM's python models are: the argument, $TRTFORGE_TRTLLM_MODELS_DIR, then
+    the NGC image's /app/all_models/inflight_batcher_llm; None when none exists."""
+    if given is not None:
+        if not Path(given).is_dir():
+            raise FileNotFoundError(f"--trtllm-models-dir {given}: no such directory (give the "
+                                    "image's /app/all_models/inflight_batcher_llm)")
+        return Path(given)
+    for candidate in (os.environ.get("TRTFORGE_TRTLLM_MODELS_DIR"),
+                      "/app/all_models/inflight_batcher_llm"):
+        if candidate and Path(candidate).is_dir():
+            return Path(candidate)
+    return None
+
+
+def _template_differences(configs: dict, source: Path | None) -> list[str]:
+    """How the templates in `source` (an image's) differ from what was written (none: same)."""
+    if source is None:
+        return []
+    out = []
+    for name, config in configs.items():
+        upstream = name if name not in ("context", "generation") else "tensorrt_llm"
+        group = source.parent / "disaggregated_serving" if "disaggregated" in name else source
+        template = group / upstream / "config.pbtxt"
+        if template.is_file():
+            out += differences(facts_of(config), replace(read_template(template), name=name))
+    return out
+
+
+def _header(name: str, config: Any, engine: dict, source: Path | None,
+            notes: list[str]) -> list[str]:
+    built = engine.get("versions", {}).get("tensorrt_llm")
+    lines = [f"Written by `trtforge emit-repo`: TensorRT-LLM's `{name}` model for an engine built "
+             f"with TensorRT-LLM {built},",
+             f"following the templates of tensorrtllm_backend {TARGET.backend_release} "
+             f"({TARGET.backend_source}/tree/{TARGET.backend_commit}).",
+             "Python model code: TensorRT-LLM's own model.py, "
+             + (f"copied from {source}." if source else "not copied (see docs/tensorrt-llm.md).")]
+    empty = [k for k, v in sorted(config.parameters.items()) if not v.string_value]
+    if empty:
+        lines.append("Empty on purpose, read as 'not set' (docs/tensorrt-llm.md says why): "
+                     + ", ".join(empty))
+    if notes:
+        lines.append("Scheduling options TensorRT-LLM does not apply:")
+        lines += [f"  {n}" for n in notes]
+    return lines
+
+
+def _report(engine: dict, notes: list[str], missing: list[str], diffs: list[str]) -> None:
+    built = engine.get("versions", {}).get("tensorrt_llm")
+    if built != TARGET.tensorrt_llm:
+        log.warning("the engine was built with TensorRT-LLM %s; these configs follow the "
+                    "templates of %s (%s)", built, TARGET.tensorrt_llm, TARGET.image)
+    if notes:
+        log.warning("not carried over to TensorRT-LLM:\n  %s", "\n  ".join(notes))
+    if diffs:
+        log.warning("the image's templates differ from what was written:\n  %s",
+                    "\n  ".join(diffs))
+    if missing:
+        log.warning("TensorRT-LLM's python models are not in the repository yet; copy these from "
+                    "the image's /app/all_models (or tensorrtllm_backend %s all_models/), or rerun "
+                    "with --trtllm-models-dir:\n  %s", TARGET.backend_release, "\n  ".join(missing))
