@@ -189,6 +189,9 @@ class TritonServer:
                 "with `trtforge emit-repo ENGINE_DIR REPO_DIR`."
             )
         install = find_tritonserver(self.tritonserver)
+        from .trtllm.serve_check import check_trtllm_repo  # noqa: PLC0415
+
+        check_trtllm_repo(Path(self.repo), install.backend_dir)  # TensorRT-LLM models need their backend
         self._tmp = tempfile.TemporaryDirectory(prefix="trtforge-backends-")
         backend_dir = make_backend_dir(install, Path(self._tmp.name))
         for name in ("http_port", "grpc_port", "metrics_port"):

@@ -1,0 +1,89 @@
+"""`trtforge serve` on a trtllm repository: the checks before Triton starts, and the pure version
+check refusing an engine built by another TensorRT-LLM."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+from click.testing import CliRunner
+
+from trtforge.builder.trtllm.versions import TARGET, version_mismatch
+from trtforge.model_repo.cli import serve_command
+from trtforge.model_repo.emit import emit_repo
+from trtforge.model_repo.trtllm.files import MODEL_FILES
+from trtforge.model_repo.trtllm.serve_check import check_trtllm_repo, engine_version
+
+
+def test_version_check_is_exact_and_names_both():
+    assert version_mismatch("0.19.0", "0.19.0") is None
+    message = version_mismatch("0.19.0", "0.20.0")
+    assert "0.19.0" in message and "0.20.0" in message
+    assert version_mismatch("0.19.0", "0.19.0.post1") is not None  # engines are not portable
+    assert "not installed" in version_mismatch("0.19.0", None)
+    assert "records no TensorRT-LLM version" in version_mismatch(None, "0.19.0")
+
+
+@pytest.fixture()
+def repo(trtllm_engine, tmp_path):
+    source = tmp_path / "all_models" / "inflight_batcher_llm"
+    for files in MODEL_FILES.values():
+        for rel in files.values():
+            path = (source / rel).resolve()
+            path.parent.mkdir(parents=True, exist_ok=True)
+            path.write_text("# stand-in\n")
+    return emit_repo(trtllm_engine, tmp_path / "repo", trtllm_models_dir=source)
+
+
+@pytest.fixture()
+def backends(tmp_path):
+    d = tmp_path / "backends"
+    (d / "tensorrtllm").mkdir(parents=True)
+    (d / "python").mkdir()
+    return d
+
+
+def test_a_server_without_the_tensorrtllm_backend_is_refused(repo, tmp_path):
+    (tmp_path / "plain" / "python").mkdir(parents=True)
+    with pytest.raises(RuntimeError, match="tensorrtllm") as err:
+        check_trtllm_repo(repo, tmp_path / "plain", installed="0.19.0")
+    assert TARGET.image in str(err.value)
+
+
+def test_an_engine_of_another_tensorrt_llm_is_refused(repo, backends):
+    with pytest.raises(RuntimeError, match="built with TensorRT-LLM 0.19.0, but TensorRT-LLM 0.21.0"):
+        check_trtllm_repo(repo, backends, installed="0.21.0")
+    check_trtllm_repo(repo, backends, installed="0.19.0")  # the same version: fine
+
+
+def test_missing_python_models_are_named(repo, backends):
+    (repo / "postprocessing" / "1" / "model.py").unlink()
+    with pytest.raises(FileNotFoundError, match="postprocessing/1/model.py"):
+        check_trtllm_repo(repo, backends, installed="0.19.0")
+
+
+def test_a_disaggregated_repository_needs_the_launch_script(trtllm_engine, tmp_path, backends):
+    repo = emit_repo(trtllm_engine, tmp_path / "disagg", disaggregated=True)
+    with pytest.raises(RuntimeError, match="launch_triton_server.py --world_size 3"):
+        check_trtllm_repo(repo, backends, installed="0.19.0")
+
+
+def test_other_repositories_pass_untouched(tmp_path):
+    (tmp_path / "m").mkdir()
+    (tmp_path / "m" / "config.pbtxt").write_text('name: "m"\nbackend: "python"\n')
+    check_trtllm_repo(tmp_path, tmp_path / "no-backends")
+
+
+def test_engine_version_falls_back_to_tensorrt_llms_config(tmp_path):
+    (tmp_path / "config.json").write_text(json.dumps({"version": "0.19.0"}))
+    assert engine_version(tmp_path) == "0.19.0"
+    (tmp_path / "engine.json").write_text(json.dumps({"versions": {"tensorrt_llm": "0.18.2"}}))
+    assert engine_version(tmp_path) == "0.18.2"
+
+
+def test_serve_stops_with_the_message_here(repo):
+    """This machine's tritonserver (the nvidia-pytriton wheel) has no tensorrtllm backend."""
+    pytest.importorskip("pytriton", reason="needs the nvidia-pytriton wheel's tritonserver")
+    result = CliRunner().invoke(serve_command, [str(repo), "--ready-timeout", "5"])
+    assert result.exit_code != 0
+    assert "tensorrtllm" in result.output and TARGET.image in result.output
