@@ -5,11 +5,12 @@
 #   scripts/device_check.sh [--dry-run] [OUT_DIR]        (default OUT_DIR: ./device_check_out)
 #
 # Runs from the repository checkout as it is: no pip, no network. trtforge's sub-packages are
-# made importable through a temporary PYTHONPATH shim (trtforge/{builder,plugins,serving} ->
+# made importable through a temporary PYTHONPATH shim (trtforge/{builder,plugins,serving,model_repo} ->
 # the repo's top-level dirs), which is what the pyproject package-dir mapping does when installed.
 # --dry-run runs every step on CPU with tiny shapes (Triton interpreter): checks the script itself.
-# Each step has a timeout (the sum stays under 8 minutes); one step failing leaves the others'
-# results. Environment: PYTHON (default python3), TIMEOUT_SCALE (multiplies every timeout).
+# Each step has a timeout (the sum stays under 8 minutes, 11 where TensorRT-LLM is installed); one
+# step failing leaves the others' results. Environment: PYTHON (default python3), TIMEOUT_SCALE
+# (multiplies every timeout).
 set -u -o pipefail
 
 DRY_RUN=0
@@ -27,7 +28,7 @@ WORK="$(mktemp -d "${TMPDIR:-/tmp}/trtforge-device-check.XXXXXX")"
 trap 'rm -rf "$WORK"' EXIT
 
 mkdir -p "$WORK/pythonpath/trtforge"
-for pkg in builder plugins serving; do
+for pkg in builder plugins serving model_repo; do
     ln -s "$REPO/$pkg" "$WORK/pythonpath/trtforge/$pkg"
 done
 export PYTHONPATH="$WORK/pythonpath:$REPO/scripts/gpu${PYTHONPATH:+:$PYTHONPATH}"
@@ -98,9 +99,20 @@ parity_tests() {
         --junitxml "$OUT/parity_tests.xml"
 }
 
+# --backend trtllm: build a tiny engine with TensorRT-LLM and emit its Triton repository (the
+# NGC trtllm image has it); elsewhere the step says it was skipped and why.
+trtllm_tests() {
+    if ! "$PY" -c "import tensorrt_llm" > /dev/null 2>&1; then
+        echo "skipped: no tensorrt_llm"
+        return 0
+    fi
+    "$PY" -m pytest -q -rs -p no:cacheprovider tests/builder/trtllm tests/model_repo/trtllm \
+        --junitxml "$OUT/trtllm_tests.xml"
+}
+
 # `timeout` runs programs, not shell functions: export them (and what they read) to a child bash.
 export OUT PY
-export -f environment kernel_tests parity_tests
+export -f environment kernel_tests parity_tests trtllm_tests
 run_step environment 20 bash -c environment
 run_step kernel_tests 110 bash -c kernel_tests
 run_step parity_tests 70 bash -c parity_tests
@@ -110,6 +122,7 @@ run_step decode_bandwidth 80 "$PY" scripts/gpu/bench_decode_attention.py --out "
     "${BENCH_FLAG[@]}"
 run_step e2e_throughput 140 "$PY" scripts/gpu/bench_e2e_decode.py --out "$OUT" \
     --work "$WORK/e2e" "${BENCH_FLAG[@]}"
+run_step trtllm 180 bash -c trtllm_tests
 
 if ! "$PY" "$REPO/scripts/gpu/summarize.py" "$OUT" > "$OUT/summary.txt" 2> "$OUT/summarize.log"; then
     { echo "summarize.py failed (see summarize.log); raw step table:"; cat "$STEPS"; } \
