@@ -73,30 +73,48 @@ def _raise_shutdown(signum: int, _frame: object) -> None:
               help="Seconds to wait for the models to load.")
 @click.option("--log-file", type=click.Path(dir_okay=False), default=None,
               help="Write tritonserver's output here instead of the console.")
+@click.option("--openai-port", type=int, default=None,
+              help="Also serve an OpenAI-compatible API (/v1/completions, /v1/chat/completions, "
+                   "/v1/models, /health) on this port, forwarding to Triton (0: any free port).")
+@click.option("--openai-host", default="0.0.0.0", show_default=True,
+              help="Interface the OpenAI-compatible API listens on.")
+@click.option("--served-model-name", default=None,
+              help="Model id of the OpenAI-compatible API. Default: the engine directory's name.")
 def serve_command(repo: str, http_port: int, grpc_port: int, metrics_port: int,
-                  tritonserver: str | None, ready_timeout: float, log_file: str | None) -> None:
-    """Run Triton Inference Server on REPO in the foreground; Ctrl-C / SIGTERM stops it."""
+                  tritonserver: str | None, ready_timeout: float, log_file: str | None,
+                  openai_port: int | None, openai_host: str,
+                  served_model_name: str | None) -> None:
+    """Run Triton Inference Server on REPO in the foreground; Ctrl-C / SIGTERM stops it.
+
+    With --openai-port, an OpenAI-compatible API runs beside it, forwarding to Triton."""
     from .launcher import TritonServer  # noqa: PLC0415
+    from .openai.frontend import OpenAIFrontend  # noqa: PLC0415
 
     server = TritonServer(Path(repo), http_port=http_port, grpc_port=grpc_port,
                           metrics_port=metrics_port, tritonserver=tritonserver,
                           log_file=Path(log_file) if log_file else None)
+    frontend = OpenAIFrontend(repo, openai_host, openai_port, served_model_name)
     previous = {s: signal.signal(s, _raise_shutdown) for s in (signal.SIGINT, signal.SIGTERM)}
     try:
+        frontend.prepare()  # a repository it cannot serve fails before Triton starts
         server.start()
         server.wait_ready(ready_timeout)
         click.echo(f"Triton is ready: HTTP http://{server.http_url}  gRPC {server.grpc_url}  "
                    f"metrics {server.metrics_url}\n"
                    f"  try: trtforge client --url {server.grpc_url} --prompt 'Hello' --stream")
+        banner = frontend.start(server.grpc_url)
+        if banner:
+            click.echo(banner)
         code = server.process.wait()
         raise click.ClickException(f"tritonserver exited on its own with code {code}; "
                                    f"see its output above{' and ' + log_file if log_file else ''}.")
     except _Shutdown as sig:
         click.echo(f"{sig}: stopping Triton (in-flight requests get up to "
                    f"{server.exit_timeout_s} s) …")
-    except (FileNotFoundError, RuntimeError) as exc:
+    except (FileNotFoundError, RuntimeError, ValueError) as exc:
         raise click.ClickException(str(exc)) from None
     finally:
+        frontend.stop()
         code = server.stop()
         for sig, handler in previous.items():
             signal.signal(sig, handler)

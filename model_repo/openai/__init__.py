@@ -1,0 +1,15 @@
+"""An OpenAI-compatible HTTP API in front of a trtforge Triton repository.
+
+`trtforge serve REPO --openai-port PORT` starts it beside tritonserver. It forwards every request
+to the repository's `ensemble` model over Triton's gRPC streaming API, so it works with any
+repository `trtforge emit-repo` writes:
+
+* schemas.py, responses.py   typed request/response models (the OpenAPI schema comes from them)
+* errors.py                  OpenAI error objects and the status each failure gets
+* served_model.py            what is served: name, engine dir, tokenizer (chat template), limits
+* triton_bridge.py           one Triton request per API request, cancellable
+* generation.py              API request -> ensemble inputs; usage and finish reason from outputs
+* streaming.py               SSE framing; a client that leaves cancels its Triton request
+* endpoints.py               /v1/completions and /v1/chat/completions
+* server.py, frontend.py     the FastAPI app, its uvicorn thread, and `trtforge serve`'s use of it
+"""

@@ -1,0 +1,210 @@
+"""Typed request and response models of the OpenAI-compatible API (pydantic v2).
+
+FastAPI validates every request body against these models and generates the OpenAPI schema
+(`/openapi.json`) from them; nothing parses JSON by hand. Bounds are those the ensemble accepts
+(INT32 `max_tokens`, UINT64 `seed`, penalties in [-2, 2]) so a value out of range is a 400 here
+rather than an overflow further down. Unknown fields are ignored, as OpenAI clients send fields
+trtforge has no use for (`user`, `metadata`, ...); fields we know but cannot honour are refused.
+"""
+
+from __future__ import annotations
+
+from typing import Annotated, Any, Literal
+
+from pydantic import AfterValidator, BaseModel, ConfigDict, Field, field_validator
+
+INT32_MAX = (1 << 31) - 1
+UINT64_MAX = (1 << 64) - 1
+MAX_STOP_STRINGS = 16
+
+
+def _utf8(text: str) -> str:
+    # JSON may carry lone surrogates ("\ud800"); they cannot be sent to Triton as UTF-8 bytes.
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError:
+        raise ValueError("must be valid Unicode text (it holds a lone surrogate)") from None
+    return text
+
+
+Text = Annotated[str, AfterValidator(_utf8)]
+"""A string that can be sent to Triton (UTF-8 encodable)."""
+
+StopString = Annotated[str, Field(min_length=1), AfterValidator(_utf8)]
+PromptText = Annotated[str, Field(min_length=1), AfterValidator(_utf8)]
+"""A completions prompt: the engine needs at least one token."""
+
+
+def _only(value: Any) -> dict[str, Any]:
+    """JSON-schema bounds admitting only `value` for a field whose validator explains why (the
+    schema then documents the limit; the error message stays ours)."""
+    return {"minimum": value, "maximum": value}
+
+
+def _finite(lo: float, hi: float, doc: str) -> Any:
+    return Field(None, ge=lo, le=hi, allow_inf_nan=False, description=doc)
+
+
+class StreamOptions(BaseModel):
+    """`stream_options`: only `include_usage` has an effect."""
+
+    model_config = ConfigDict(extra="ignore")
+    include_usage: bool = False
+
+
+class SamplingFields(BaseModel):
+    """What completions and chat completions share: the model and how to sample."""
+
+    model_config = ConfigDict(extra="ignore")
+
+    model: str = Field(description="The served model id (GET /v1/models).")
+    max_tokens: int | None = Field(None, ge=1, le=INT32_MAX,
+                                   description="Most tokens to generate.")
+    temperature: float | None = _finite(0.0, 2.0, "0 = greedy (the default).")
+    top_p: float | None = _finite(0.0, 1.0, "Nucleus sampling; 1 = off, 0 = most likely token.")
+    top_k: int | None = Field(None, ge=-1, le=INT32_MAX,
+                              description="Extension (as vLLM): keep the k most likely tokens; "
+                                          "0 or -1 = off.")
+    seed: int | None = Field(None, ge=0, le=UINT64_MAX,
+                             description="Per-request generator: reproducible sampling.")
+    stop: StopString | Annotated[list[StopString], Field(max_length=MAX_STOP_STRINGS)] | None = Field(
+        None, description=f"Up to {MAX_STOP_STRINGS} strings; the text ends before the first.")
+    presence_penalty: float | None = _finite(-2.0, 2.0, "In [-2, 2].")
+    frequency_penalty: float | None = _finite(-2.0, 2.0, "In [-2, 2].")
+    n: int | None = Field(None, description="Only 1: one choice per request.",
+                          json_schema_extra=_only(1))
+    stream: bool | None = False
+    stream_options: StreamOptions | None = None
+    logit_bias: dict[str, float] | None = Field(None, description="Not supported (must be empty).",
+                                                json_schema_extra={"maxProperties": 0})
+    user: str | None = None
+
+    @field_validator("n")
+    @classmethod
+    def _one_choice(cls, n: int | None) -> int | None:
+        if n is not None and n != 1:
+            raise ValueError(f"n={n} is not supported: trtforge returns one choice per request; "
+                             "send n=1 or leave it out")
+        return n
+
+    @field_validator("logit_bias")
+    @classmethod
+    def _no_bias(cls, bias: dict[str, float] | None) -> dict[str, float] | None:
+        if bias:
+            raise ValueError("logit_bias is not supported by trtforge; leave it out")
+        return bias
+
+    def stop_list(self) -> list[str]:
+        """`stop` as a list (a single string is one stop string)."""
+        if self.stop is None:
+            return []
+        return [self.stop] if isinstance(self.stop, str) else list(self.stop)
+
+    def include_usage(self) -> bool:
+        return bool(self.stream_options and self.stream_options.include_usage)
+
+
+class CompletionRequest(SamplingFields):
+    """POST /v1/completions."""
+
+    prompt: PromptText | Annotated[list[PromptText], Field(min_length=1, max_length=1)] = Field(
+        description="One text prompt (a list holding one string is accepted too).")
+    max_tokens: int | None = Field(16, ge=1, le=INT32_MAX,
+                                   description="Most tokens to generate (OpenAI's default, 16).")
+    logprobs: int | None = Field(None, ge=0, le=5, json_schema_extra=_only(0), description=(
+        "0: the log-probability of each generated token. Top alternatives (> 0) are not "
+        "available from the model."))
+    echo: bool | None = Field(False, json_schema_extra={"enum": [False, None]},
+                              description="Only false.")
+    best_of: int | None = Field(None, json_schema_extra=_only(1), description="Only 1.")
+    suffix: str | None = Field(None, json_schema_extra={"maxLength": 0},
+                               description="Not supported.")
+
+    @field_validator("prompt", mode="before")
+    @classmethod
+    def _one_text_prompt(cls, prompt: Any) -> Any:
+        # Before type checks, so that a batch or token ids get this message, not a union error.
+        if isinstance(prompt, list) and (len(prompt) != 1 or not isinstance(prompt[0], str)):
+            raise ValueError("send one text prompt (a string, or a list of one string); "
+                             "batches and token-id prompts are not supported")
+        return prompt
+
+    @field_validator("logprobs")
+    @classmethod
+    def _no_top_logprobs(cls, logprobs: int | None) -> int | None:
+        if logprobs:
+            raise ValueError(f"logprobs={logprobs}: the model returns only the log-probability "
+                             "of each generated token; send logprobs=0")
+        return logprobs
+
+    @field_validator("echo", "best_of", "suffix")
+    @classmethod
+    def _unsupported(cls, value: Any, info: Any) -> Any:
+        harmless = {"echo": (None, False), "best_of": (None, 1), "suffix": (None, "")}
+        if not any(value is ok or (type(value) is type(ok) and value == ok)
+                   for ok in harmless[info.field_name]):
+            raise ValueError(f"{info.field_name}={value!r} is not supported by trtforge; "
+                             "leave it out")
+        return value
+
+    def prompt_text(self) -> str:
+        return self.prompt[0] if isinstance(self.prompt, list) else self.prompt
+
+
+class TextPart(BaseModel):
+    """A text part of a message's content (the only kind a text model reads)."""
+
+    model_config = ConfigDict(extra="ignore")
+    type: Literal["text"]
+    text: Text
+
+
+class ChatMessage(BaseModel):
+    """One message of the conversation."""
+
+    model_config = ConfigDict(extra="ignore")
+    role: Literal["system", "developer", "user", "assistant", "tool"]
+    content: Text | list[TextPart] | None = None
+    name: str | None = None
+
+    def text(self) -> str:
+        if isinstance(self.content, list):
+            return "".join(part.text for part in self.content)
+        return self.content or ""
+
+
+class ResponseFormat(BaseModel):
+    model_config = ConfigDict(extra="ignore")
+    type: Literal["text"] = Field(description="Only plain text.")
+
+
+class ChatCompletionRequest(SamplingFields):
+    """POST /v1/chat/completions."""
+
+    messages: list[ChatMessage] = Field(min_length=1)
+    max_completion_tokens: int | None = Field(None, ge=1, le=INT32_MAX, description=(
+        "Most tokens to generate (wins over max_tokens). Default: up to the context length."))
+    logprobs: bool | None = False
+    top_logprobs: int | None = Field(None, ge=0, le=20, json_schema_extra=_only(0),
+                                     description="Only 0 (no alternatives).")
+    tools: list[dict[str, Any]] | None = Field(None, description="Not supported (must be empty).",
+                                               json_schema_extra={"maxItems": 0})
+    response_format: ResponseFormat | None = None
+
+    @field_validator("top_logprobs")
+    @classmethod
+    def _no_alternatives(cls, top: int | None) -> int | None:
+        if top:
+            raise ValueError(f"top_logprobs={top}: the model returns only the log-probability "
+                             "of each generated token; send top_logprobs=0 or leave it out")
+        return top
+
+    @field_validator("tools")
+    @classmethod
+    def _no_tools(cls, tools: list | None) -> list | None:
+        if tools:
+            raise ValueError("tools are not supported by trtforge; leave them out")
+        return tools
+
+    def token_limit(self) -> int | None:
+        return self.max_completion_tokens or self.max_tokens
