@@ -1,6 +1,6 @@
 """The demo checkpoint's English: a bundled text, its words, and a few seconds of training on it.
 
-`data/demo_corpus.txt` is a few KB of plain English written for this project. The demo tokenizer
+`demo_corpus.txt` is a few KB of plain English written for this project. The demo tokenizer
 is trained on it, so its pieces are the text's words (" quick", " brown", " fox"), and a random
 model whose LM head can only pick whole words prints words, not byte fragments. `train_briefly`
 optionally fits a tiny model to the text for a few seconds, after which it continues a prompt
@@ -16,7 +16,7 @@ from typing import Any
 
 import torch
 
-CORPUS = Path(__file__).with_name("data") / "demo_corpus.txt"
+CORPUS = Path(__file__).with_name("demo_corpus.txt")
 _WORD = re.compile(r"[A-Za-z']+")
 _PUNCTUATION = {".", ",", "?", "!", ";", ":"}
 

@@ -26,7 +26,7 @@ def test_wheel_has_no_generic_top_level_names(tmp_path):
                    "trtforge/plugins/cpu/fused.c", "trtforge/plugins/cpu/linear.c",
                    "trtforge/plugins/native_vec.h", "trtforge/plugins/paged_attention/cpu_decode.c",
                    # the demo checkpoint's English text (its tokenizer is trained on it)
-                   "trtforge/builder/data/demo_corpus.txt"):
+                   "trtforge/builder/demo_corpus.txt"):
         assert module in names
     assert not any(n.startswith("trtforge/__init__") for n in names), "trtforge must stay a namespace package"
 
