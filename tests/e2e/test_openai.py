@@ -1,0 +1,308 @@
+"""The OpenAI-compatible endpoint of `trtforge serve --openai-port`, called with the `openai` SDK.
+
+One `trtforge serve` (real tritonserver + the API) serves the tiny e2e engine for the module; the
+oracle is the in-process engine's greedy output (LLMEngine.generate). The count of tests here is
+checked in conftest.EXPECTED_TESTS; keep it in step. The schema fuzz test is in
+test_openai_fuzz.py (its own server, so that this file stays quick).
+"""
+
+from __future__ import annotations
+
+import json
+import shutil
+import socket
+import urllib.error
+import urllib.parse
+import urllib.request
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
+from pathlib import Path
+
+import openai
+import pytest
+
+from tests.e2e.helpers import run_cli
+from tests.e2e.openai_server import ServeProcess, start_serve, wait_for
+
+pytestmark = pytest.mark.e2e
+
+NAME = "tiny-chat"
+PROMPTS = ["Hello world", "The quick brown fox", "Café au lait"]
+CHATS = [[{"role": "user", "content": "Hi there"}],
+         [{"role": "system", "content": "Be brief."},
+          {"role": "user", "content": [{"type": "text", "text": "Tell me a story"}]}]]
+MAX_TOKENS = 12
+
+
+@dataclass
+class Api:
+    serve: ServeProcess
+    client: openai.OpenAI
+    engine: object
+    """The in-process LLMEngine on the same engine directory: the oracle."""
+    engine_dir: Path
+
+    def greedy(self, prompt: str, max_tokens: int = MAX_TOKENS, **params):
+        from trtforge.serving.core.sampling_params import SamplingParams
+
+        return self.engine.generate([prompt], SamplingParams(max_tokens=max_tokens, logprobs=0,
+                                                             **params))[0]
+
+    def chat_prompt(self, messages: list[dict]) -> str:
+        flat = [{"role": m["role"], "content": m["content"] if isinstance(m["content"], str)
+                 else "".join(p["text"] for p in m["content"])} for m in messages]
+        return self.engine.tokenizer.apply_chat_template(flat, tokenize=False,
+                                                         add_generation_prompt=True)
+
+    @property
+    def max_seq_len(self) -> int:
+        return self.engine.scheduler_config.max_seq_len
+
+    def count(self, text: str) -> int:
+        return len(self.engine.tokenizer.encode(text, add_special_tokens=False))
+
+
+@pytest.fixture(scope="module")
+def api(engine_dir, tmp_path_factory):
+    from trtforge.serving.engine import LLMEngine
+
+    root = tmp_path_factory.mktemp("openai")
+    run_cli("trtforge", "emit-repo", str(engine_dir), str(root / "repo"))
+    serve = start_serve(root / "repo", root / "tritonserver.log", "--served-model-name", NAME)
+    try:
+        client = openai.OpenAI(base_url=serve.openai_url, api_key="unused", max_retries=0,
+                               timeout=120)
+        yield Api(serve, client, LLMEngine.from_engine_dir(engine_dir), Path(engine_dir))
+    finally:
+        assert serve.stop() == 0, "".join(serve.output)
+
+
+def _stream_text(stream) -> tuple[str, list]:
+    chunks = list(stream)
+    text = "".join((c.choices[0].text if hasattr(c.choices[0], "text")
+                    else c.choices[0].delta.content or "") for c in chunks if c.choices)
+    return text, chunks
+
+
+def test_models_health_and_served_name(api):
+    assert [m.id for m in api.client.models.list().data] == [NAME]
+    assert api.client.models.retrieve(NAME).id == NAME
+    with pytest.raises(openai.NotFoundError):
+        api.client.models.retrieve(api.engine_dir.name)  # renamed by --served-model-name
+    with urllib.request.urlopen(api.serve.openai_url.removesuffix("/v1") + "/health") as resp:
+        assert resp.status == 200 and json.loads(resp.read()) == {"status": "ok"}
+
+
+def test_completions_equal_greedy_engine_output_with_usage(api):
+    for prompt in PROMPTS:
+        want = api.greedy(prompt)
+        got = api.client.completions.create(model=NAME, prompt=prompt, max_tokens=MAX_TOKENS,
+                                            temperature=0, logprobs=0)
+        choice = got.choices[0]
+        assert choice.text == want.text and choice.finish_reason == want.finish_reason
+        assert (got.usage.prompt_tokens, got.usage.completion_tokens, got.usage.total_tokens) \
+            == (api.count(prompt), len(want.output_token_ids),
+                api.count(prompt) + len(want.output_token_ids))
+        assert choice.logprobs.token_logprobs == pytest.approx(want.logprobs, abs=1e-4)
+        assert "".join(choice.logprobs.tokens) == want.text
+        text, chunks = _stream_text(api.client.completions.create(
+            model=NAME, prompt=prompt, max_tokens=MAX_TOKENS, temperature=0, stream=True,
+            stream_options={"include_usage": True}))
+        assert text == want.text and len(chunks) > 3
+        assert chunks[-2].choices[0].finish_reason == want.finish_reason
+        assert chunks[-1].choices == [] and chunks[-1].usage.completion_tokens \
+            == len(want.output_token_ids)
+
+
+def test_chat_completions_apply_the_chat_template(api):
+    for messages in CHATS:
+        prompt = api.chat_prompt(messages)
+        want = api.greedy(prompt)
+        got = api.client.chat.completions.create(model=NAME, messages=messages, temperature=0,
+                                                 max_completion_tokens=MAX_TOKENS, logprobs=True)
+        choice = got.choices[0]
+        assert choice.message.role == "assistant" and choice.message.content == want.text
+        assert choice.finish_reason == want.finish_reason
+        assert (got.usage.prompt_tokens, got.usage.completion_tokens) \
+            == (api.count(prompt), len(want.output_token_ids))
+        assert [t.logprob for t in choice.logprobs.content] == pytest.approx(want.logprobs,
+                                                                            abs=1e-4)
+        text, chunks = _stream_text(api.client.chat.completions.create(
+            model=NAME, messages=messages, temperature=0, max_tokens=MAX_TOKENS, stream=True))
+        assert text == want.text
+        assert chunks[0].choices[0].delta.role == "assistant"
+        assert chunks[-1].choices[0].finish_reason == want.finish_reason
+        assert all(c.usage is None for c in chunks)  # not asked for
+    # No limit: the reply may fill the rest of the context, as OpenAI's (a long question leaves
+    # room for a few tokens, to keep this quick).
+    messages = _filling(api, room=6)
+    prompt = api.chat_prompt(messages)
+    want = api.greedy(prompt, max_tokens=api.max_seq_len - api.count(prompt))
+    got = api.client.chat.completions.create(model=NAME, messages=messages, temperature=0)
+    assert (got.choices[0].message.content, got.choices[0].finish_reason) \
+        == (want.text, want.finish_reason)
+    assert got.usage.total_tokens == api.count(prompt) + len(want.output_token_ids)
+    assert got.usage.total_tokens == api.max_seq_len or want.finish_reason == "stop"
+
+
+def _filling(api: Api, room: int) -> list[dict]:
+    """A one-question chat whose prompt leaves 1..`room` tokens of the context (bisection on
+    the number of words: BPE merges make tokens per word uneven)."""
+    def chat(words: int) -> list[dict]:
+        return [{"role": "user", "content": "hello " * words}]
+
+    low, high = 0, api.max_seq_len  # prompt(low) fits, prompt(high) does not
+    while high - low > 1:
+        middle = (low + high) // 2
+        if api.count(api.chat_prompt(chat(middle))) < api.max_seq_len:
+            low = middle
+        else:
+            high = middle
+    assert api.max_seq_len - api.count(api.chat_prompt(chat(low))) <= room
+    return chat(low)
+
+
+def test_stop_strings_cut_the_text_with_finish_reason_stop(api):
+    prompt = PROMPTS[1]
+    full = api.greedy(prompt).text
+    middle = len(full) // 2
+    stops = [full[middle:middle + 2], 'q,"x']  # the second needs CSV quoting on its way
+    want = api.greedy(prompt, stop=stops)
+    assert want.finish_reason == "stop" and full.startswith(want.text) and want.text != full
+    got = api.client.completions.create(model=NAME, prompt=prompt, max_tokens=MAX_TOKENS,
+                                        temperature=0, stop=stops)
+    assert (got.choices[0].text, got.choices[0].finish_reason) == (want.text, "stop")
+    assert got.usage.completion_tokens == len(want.output_token_ids)
+    text, chunks = _stream_text(api.client.completions.create(
+        model=NAME, prompt=prompt, max_tokens=MAX_TOKENS, temperature=0, stop=stops[0],
+        stream=True))
+    assert text == api.greedy(prompt, stop=stops[:1]).text
+    assert chunks[-1].choices[0].finish_reason == "stop"
+
+
+def test_16_concurrent_requests_are_all_correct(api):
+    jobs = [(i % 4, PROMPTS[i % len(PROMPTS)], CHATS[i % len(CHATS)]) for i in range(16)]
+    want = {p: api.greedy(p).text for p in PROMPTS}
+    want.update({json.dumps(m): api.greedy(api.chat_prompt(m)).text for m in CHATS})
+
+    def run(job):
+        kind, prompt, messages = job
+        common = dict(model=NAME, temperature=0, max_tokens=MAX_TOKENS)
+        if kind == 0:
+            return prompt, api.client.completions.create(prompt=prompt, **common).choices[0].text
+        if kind == 1:
+            return prompt, _stream_text(api.client.completions.create(
+                prompt=prompt, stream=True, **common))[0]
+        key = json.dumps(messages)
+        if kind == 2:
+            answer = api.client.chat.completions.create(messages=messages, **common)
+            return key, answer.choices[0].message.content
+        return key, _stream_text(api.client.chat.completions.create(
+            messages=messages, stream=True, **common))[0]
+
+    with ThreadPoolExecutor(16) as pool:
+        results = list(pool.map(run, jobs))
+    assert [text for _, text in results] == [want[key] for key, _ in results]
+
+
+def _post(api: Api, path: str, body: bytes) -> tuple[int, dict]:
+    request = urllib.request.Request(api.serve.openai_url + path, data=body,
+                                     headers={"Content-Type": "application/json"})
+    try:
+        with urllib.request.urlopen(request, timeout=60) as resp:
+            return resp.status, json.loads(resp.read())
+    except urllib.error.HTTPError as exc:
+        return exc.code, json.loads(exc.read())
+
+
+def test_documented_errors_have_their_status_and_error_object(api):
+    ok = dict(model=NAME, prompt="Hi", max_tokens=4)
+    too_long = "hello " * api.max_seq_len
+    cases = [  # (body, status, param)
+        ({**ok, "n": 2}, 400, "n"), ({**ok, "temperature": 3}, 400, "temperature"),
+        ({**ok, "max_tokens": 0}, 400, "max_tokens"), ({**ok, "logprobs": 2}, 400, "logprobs"),
+        ({**ok, "prompt": [1, 2, 3]}, 400, "prompt"), ({**ok, "stop": ""}, 400, "stop"),
+        ({**ok, "prompt": too_long}, 400, None),  # the model refuses: > max_seq_len
+        ({**ok, "prompt": too_long, "stream": True}, 400, None),
+        ({**ok, "max_tokens": api.max_seq_len}, 400, None),  # prompt + max_tokens > max_seq_len
+        ({"prompt": "Hi"}, 400, "model"), ({**ok, "model": "nope"}, 404, "model"),
+    ]
+    for body, status, param in cases:
+        code, answer = _post(api, "/completions", json.dumps(body).encode())
+        assert (code, answer["error"]["param"]) == (status, param), (body, answer)
+        assert answer["error"]["message"] and answer["error"]["type"]
+    chat = dict(model=NAME, messages=CHATS[0])
+    for body, param in [({**chat, "top_logprobs": 3}, "top_logprobs"),
+                        ({**chat, "messages": []}, "messages"),
+                        ({**chat, "tools": [{"type": "function"}]}, "tools"),
+                        ({**chat, "messages": [{"role": "robot", "content": "x"}]},
+                         "messages.0.role")]:
+        code, answer = _post(api, "/chat/completions", json.dumps(body).encode())
+        assert (code, answer["error"]["param"]) == (400, param), answer
+    assert _post(api, "/completions", b"{not json")[0] == 400
+    with pytest.raises(openai.BadRequestError, match="n=3 is not supported"):
+        api.client.completions.create(model=NAME, prompt="Hi", n=3)
+
+
+def _open(api: Api, body: dict, timeout_s: float):
+    request = urllib.request.Request(api.serve.openai_url + "/completions",
+                                     data=json.dumps(body).encode(),
+                                     headers={"Content-Type": "application/json"})
+    return urllib.request.urlopen(request, timeout=timeout_s)
+
+
+def test_disconnected_clients_free_their_kv_blocks(api):
+    most = api.max_seq_len - 16  # ~1 s of generation
+    long = dict(model=NAME, prompt="Hello world", max_tokens=most, temperature=0)
+    before = api.serve.metric("trtforge_generation_tokens_total")
+    with _open(api, {**long, "stream": True}, 60) as stream:
+        assert stream.readline().startswith(b"data: ")
+        assert api.serve.metric("trtforge_kv_blocks_used") > 0
+    # the connection closed mid-stream
+    assert wait_for(lambda: api.serve.metric("trtforge_kv_blocks_used") == 0)
+    assert api.serve.metric("trtforge_requests_running") == 0
+    assert api.serve.metric("trtforge_generation_tokens_total") - before < most / 2
+    # A non-streamed request whose client leaves once the engine is working on it.
+    before = api.serve.metric("trtforge_generation_tokens_total")
+    host, port = urllib.parse.urlsplit(api.serve.openai_url).netloc.split(":")
+    body = json.dumps(long).encode()
+    with socket.create_connection((host, int(port))) as sock:
+        sock.sendall(b"POST /v1/completions HTTP/1.1\r\nHost: x\r\nContent-Type: "
+                     b"application/json\r\nContent-Length: %d\r\n\r\n%s" % (len(body), body))
+        assert wait_for(lambda: api.serve.metric("trtforge_generation_tokens_total") > before)
+    assert wait_for(lambda: api.serve.metric("trtforge_requests_running") == 0)
+    assert api.serve.metric("trtforge_kv_blocks_used") == 0
+    assert api.serve.metric("trtforge_generation_tokens_total") - before < most / 2
+
+
+def test_triton_gone_is_503_and_no_chat_template_is_400(api, tmp_path):
+    """The same API, in process, on an engine copy without a chat template and a Triton address
+    nothing listens on: the failures a client can meet when the model cannot answer."""
+    from trtforge.model_repo.launcher import free_port
+    from trtforge.model_repo.openai.server import OpenAIServer, create_app
+    from trtforge.model_repo.openai.served_model import load_served_model
+
+    engine = tmp_path / "no-template"
+    shutil.copytree(api.engine_dir, engine)
+    (engine / "chat_template.jinja").unlink(missing_ok=True)
+    config = json.loads((engine / "tokenizer_config.json").read_text())
+    config.pop("chat_template", None)
+    (engine / "tokenizer_config.json").write_text(json.dumps(config))
+    run_cli("trtforge", "emit-repo", str(engine), str(tmp_path / "repo"))
+    served = load_served_model(tmp_path / "repo")
+    port = free_port()
+    server = OpenAIServer(create_app(served, f"127.0.0.1:{free_port()}"), "127.0.0.1", port)
+    server.start()
+    try:
+        client = openai.OpenAI(base_url=f"http://127.0.0.1:{port}/v1", api_key="x",
+                               max_retries=0)
+        with pytest.raises(openai.InternalServerError) as info:
+            client.completions.create(model="no-template", prompt="Hi", max_tokens=4)
+        assert info.value.status_code == 503 and "unavailable" in str(info.value)
+        with pytest.raises(openai.BadRequestError, match="no chat template"):
+            client.chat.completions.create(model="no-template", messages=CHATS[0])
+        with pytest.raises(urllib.error.HTTPError) as health:
+            urllib.request.urlopen(f"http://127.0.0.1:{port}/health", timeout=30)
+        assert health.value.code == 503
+    finally:
+        server.stop()
