@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
-# The main job end to end on a fresh machine: install, make a demo checkpoint (random weights, real
-# tokenizer), build an engine + Triton model repository, serve it with a real tritonserver, and
-# stream a completion through tritonclient (gRPC). Everything lands in $OUT (default out/quickstart).
+# The main job end to end on a fresh machine: install, make a demo checkpoint (random weights saying
+# random words, real tokenizer), build an engine + Triton model repository, serve it with a real
+# tritonserver, and stream a completion through tritonclient (gRPC). Everything lands in $OUT
+# (default out/quickstart).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 bash scripts/setup.sh
@@ -33,3 +34,5 @@ echo "--- curl $http/v2/models/ensemble/generate:"
 curl -s -X POST "http://$http/v2/models/ensemble/generate" \
   -d '{"text_input": "The quick brown fox", "max_tokens": 8, "bad_words": "", "stop_words": ""}'
 echo
+echo "(random weights, so random words; \`trtforge demo-checkpoint DIR --train-seconds 10\` makes a demo"
+echo " model fitted to a bundled English text for 10 s, which continues the prompt with its phrases)"
