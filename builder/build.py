@@ -55,22 +55,24 @@ def build_engine(checkpoint: str, output: str | Path, build: BuildConfig, force:
     build.validate(model.max_position_embeddings, model.sliding_window)
     ckpt_mod.check_tokenizer(src)
     dtype = resolve_dtype(build.dtype, model)
+    quant = _quantization(build, model)
     spec = spec_for([model.architecture])
     output.parent.mkdir(parents=True, exist_ok=True)
     tmp = Path(tempfile.mkdtemp(prefix=f".{output.name}.building-", dir=output.parent))
     try:
         with ckpt_mod.TensorReader(src, allow_pickle=build.allow_pickle) as reader:
             sizes = convert(model, spec, reader, hf, TORCH_DTYPES[dtype], tmp / "rank0.safetensors",
-                            progress=progress)
+                            progress=progress, quant=quant)
         for f in ckpt_mod.tokenizer_files(src):
             shutil.copy2(f, tmp / f.name)
-        report = make_report(model, build, dtype, sizes["parameters"], sizes["weight_bytes"])
+        report = make_report(model, build, dtype, sizes["parameters"], sizes["weight_bytes"],
+                             quant and quant["scheme"], sizes["weight_bytes_unquantized"])
         if report.kv_num_blocks * build.kv_block_size < build.max_seq_len:
             raise BuildError(
                 f"--kv-cache-memory {build.kv_cache_memory} holds {report.kv_tokens} tokens, fewer than one "
                 f"sequence of --max-seq-len {build.max_seq_len} ({report.kv_bytes_per_token} bytes/token): raise "
                 f"--kv-cache-memory to at least {report.kv_bytes_per_token * build.max_seq_len} bytes or lower --max-seq-len.")
-        cfg = EngineConfig(model=model, build=build.to_dict(), dtype=dtype, backend=build.backend,
+        cfg = EngineConfig(model=model, build=build.to_dict(), dtype=dtype, backend=build.backend, quantization=quant,
                            scheduling={**default_scheduling(build), **(scheduling or {})},
                            versions={"trtforge": trtforge_version(), "torch": torch.__version__,
                                      "transformers": _transformers_version(), "tensorrt": None})
@@ -87,6 +89,18 @@ def build_engine(checkpoint: str, output: str | Path, build: BuildConfig, force:
         shutil.rmtree(tmp, ignore_errors=True)
         raise
     return output, cfg
+
+
+def _quantization(build: BuildConfig, model: ModelConfig) -> dict[str, Any] | None:
+    """engine.json's `quantization` record, after checking the layers' shapes allow it; None: not quantized."""
+    if build.quantization == "none":
+        return None
+    from .quant_linear import QUANTIZED_LAYERS, quantized_in_features
+
+    build.check_quantization_shapes(quantized_in_features(model))
+    return {"scheme": build.quantization, "group_size": build.group_size if build.quantization == "int4_wo" else None,
+            "layers": [p for p in QUANTIZED_LAYERS if p in quantized_in_features(model)], "scales_dtype": "float32",
+            "method": "symmetric round-to-nearest, weight-only"}
 
 
 def _eos_ids(src: Path, from_config: list[int]) -> list[int]:

@@ -9,6 +9,7 @@ from .errors import BuildError
 
 BACKENDS = ("torch", "tensorrt", "trtllm")  # the ones that exist; `build-engine --backend` offers exactly these
 DTYPES = ("auto", "float32", "float16", "bfloat16")
+QUANTIZATIONS = ("none", "int8_wo", "int4_wo")
 DTYPE_BYTES = {"float32": 4, "float16": 2, "bfloat16": 2}
 _UNITS = {"": 1, "B": 1, "KB": 10**3, "MB": 10**6, "GB": 10**9, "TB": 10**12,
           "KIB": 2**10, "MIB": 2**20, "GIB": 2**30, "TIB": 2**40}
@@ -42,6 +43,10 @@ class BuildConfig:
     """Tokens per KV-cache block (page)."""
     kv_cache_memory: str = "2GiB"
     """Memory given to the paged KV cache, e.g. 4GiB; decides how many blocks exist."""
+    quantization: str = "none"
+    """Weight-only quantisation of the decoder's linear layers (fused q/k/v, o, gate/up, down): none | int8_wo (int8, one float32 scale per output channel) | int4_wo (int4 packed two per byte, one float32 scale per --group-size inputs). Embeddings, the LM head, norms and biases stay in --dtype. torch backend only."""
+    group_size: int = 128
+    """Inputs sharing one int4_wo scale; must be even and divide every quantized layer's in_features (multiples of 8 use the C kernels)."""
     allow_pickle: bool = False
     """Accept pickled .bin weights (loaded with torch.load(weights_only=True)). Off: only safetensors."""
 
@@ -58,6 +63,7 @@ class BuildConfig:
             raise BuildError(f"--backend {self.backend!r} is unknown: choose one of {', '.join(BACKENDS)}.")
         if self.dtype not in DTYPES:
             raise BuildError(f"--dtype {self.dtype!r} is unknown: choose one of {', '.join(DTYPES)}.")
+        self.check_quantization_options()
         limit = min(max_position_embeddings, sliding_window or max_position_embeddings)
         if self.max_seq_len is None:
             self.max_seq_len = limit
@@ -77,3 +83,29 @@ class BuildConfig:
                              f"{self.max_batch_size}: a full decode batch needs one token per sequence.")
         parse_bytes(self.kv_cache_memory)
         return self
+
+    def check_quantization_options(self) -> None:
+        """The quantisation options on their own and against the backend (before any model is read)."""
+        if self.quantization not in QUANTIZATIONS:
+            raise BuildError(f"--quantization {self.quantization!r} is unknown: choose one of {', '.join(QUANTIZATIONS)}.")
+        if self.quantization != "none" and self.backend != "torch":
+            raise BuildError(f"--quantization {self.quantization} is not supported with --backend {self.backend} yet: "
+                             f"only the torch backend runs quantized weights. Build with --backend torch, or "
+                             f"without --quantization.")
+        if self.quantization == "int4_wo" and (self.group_size < 2 or self.group_size % 2):
+            raise BuildError(f"--group-size {self.group_size} cannot pack int4 two per byte: choose an even "
+                             f"size ≥ 2 that divides the layers' in_features (usually 128, 64 or 32).")
+
+    def check_quantization_shapes(self, in_features: dict[str, int]) -> None:
+        """int4_wo: every quantized layer's in_features ({layer: in_features}) must split into whole groups."""
+        if self.quantization != "int4_wo":
+            return
+        for layer, k in in_features.items():
+            if k % 2:
+                raise BuildError(f"--quantization int4_wo packs two weights per byte, but {layer} has an odd "
+                                 f"in_features ({k}); use int8_wo for this model.")
+            if k % self.group_size:
+                fits = [g for g in (256, 128, 64, 32, 16, 8) if all(v % g == 0 for v in in_features.values())]
+                raise BuildError(f"--group-size {self.group_size} does not divide {layer}'s in_features ({k}); "
+                                 f"choose one that divides every quantized layer "
+                                 f"({', '.join(map(str, fits)) or 'no multiple of 8 does: use int8_wo'}).")

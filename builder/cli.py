@@ -10,7 +10,7 @@ from typing import Any
 
 import click
 
-from .build_config import BACKENDS, BuildConfig
+from .build_config import BACKENDS, QUANTIZATIONS, BuildConfig
 from .config_docs import dataclass_options, pick
 from .errors import BuildError
 
@@ -47,7 +47,7 @@ def _backend_hook(build: BuildConfig, checkpoint: str) -> Any:
 @click.option("--schedule", multiple=True, metavar="KEY=VALUE",
               help="Default scheduler parameter stored in engine.json (see `trtforge emit-repo --help`).")
 @click.option("--quiet", "-q", is_flag=True, help="No progress bar or report.")
-@dataclass_options(BuildConfig, choices={"backend": BACKENDS})
+@dataclass_options(BuildConfig, choices={"backend": BACKENDS, "quantization": QUANTIZATIONS})
 def build_engine(checkpoint: str, output: str, force: bool, triton_repo: str | None,
                  schedule: tuple[str, ...], quiet: bool, **options: Any) -> None:
     """Convert a Hugging Face CHECKPOINT (local directory or hub id) into a trtforge engine."""
@@ -55,6 +55,7 @@ def build_engine(checkpoint: str, output: str, force: bool, triton_repo: str | N
 
     try:
         build = BuildConfig(**pick(BuildConfig, options))
+        build.check_quantization_options()  # before a backend hook looks for TensorRT
         scheduling = _validated_schedule(_parse_schedule(schedule), build)
         out, cfg = run_build(checkpoint, output, build, force=force, scheduling=scheduling,
                              progress=not quiet, on_tmp_dir=_backend_hook(build, checkpoint))
@@ -63,7 +64,8 @@ def build_engine(checkpoint: str, output: str, force: bool, triton_repo: str | N
     if not quiet:
         from .report import BuildReport
 
-        click.echo(f"engine written to {out} ({cfg.model.architecture}, {cfg.dtype}, backend {cfg.backend})")
+        quant = f", {cfg.quantization['scheme']}" if cfg.quantization else ""
+        click.echo(f"engine written to {out} ({cfg.model.architecture}, {cfg.dtype}{quant}, backend {cfg.backend})")
         for line in BuildReport(**cfg.report).lines():
             click.echo("  " + line)
     if triton_repo:

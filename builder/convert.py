@@ -16,9 +16,12 @@ import torch
 from tqdm import tqdm
 
 from .architectures import ArchSpec, WeightRule
+from trtforge.plugins.cpu.quant_linear import quantize
+
 from .checkpoint import TensorReader
 from .errors import BuildError
 from .model_config import ModelConfig
+from .quant_linear import is_quantized_weight
 from .rope import compute_inv_freq
 from .safetensors_stream import StreamingSafetensorsWriter
 
@@ -92,28 +95,57 @@ def _combine(item: Item, tensors: list[torch.Tensor]) -> torch.Tensor:
     return tensors[0]
 
 
+def _quantized_layout(item: Item, quant: dict[str, Any]) -> list[tuple[str, torch.dtype, tuple[int, ...]]]:
+    """`<layer>.qweight` and `<layer>.scales` in place of `<layer>.weight` (plugins/cpu/quant_linear.py)."""
+    n, k = item.shape
+    prefix = item.ours[: -len(".weight")]
+    if quant["scheme"] == "int8_wo":
+        return [(f"{prefix}.qweight", torch.int8, (n, k)), (f"{prefix}.scales", torch.float32, (n,))]
+    return [(f"{prefix}.qweight", torch.uint8, (n, k // 2)),
+            (f"{prefix}.scales", torch.float32, (n, k // quant["group_size"]))]
+
+
+def _layout(items: list[Item], dtype: torch.dtype, quant: dict[str, Any] | None) -> list[tuple[str, torch.dtype, tuple[int, ...]]]:
+    layout = []
+    for i in items:
+        layout += _quantized_layout(i, quant) if quant and is_quantized_weight(i.ours) else [(i.ours, dtype, i.shape)]
+    return layout
+
+
 def convert(cfg: ModelConfig, spec: ArchSpec, reader: TensorReader, hf_config: Any,
-            dtype: torch.dtype, out: Path, progress: bool = True) -> dict[str, int]:
-    """Write rank0.safetensors; returns {"parameters": n, "weight_bytes": b}."""
+            dtype: torch.dtype, out: Path, progress: bool = True,
+            quant: dict[str, Any] | None = None) -> dict[str, int]:
+    """Write rank0.safetensors; returns {"parameters": n, "weight_bytes": bytes written (quantized or
+    not), "weight_bytes_unquantized": what the same weights take in `dtype`}. quant: engine.json's
+    `quantization` (scheme, group_size) — the decoder's linear weights are quantized from their
+    float32 values and stored with their scales."""
     items = plan(cfg, spec, reader)
     extra: list[tuple[str, torch.Tensor]] = []
     if cfg.position == "rope":
         inv_freq, scaling = compute_inv_freq(hf_config, cfg.rope_type, cfg.rope_theta, cfg.head_dim)
         cfg.rope_attention_scaling = scaling
         extra.append(("rope_inv_freq", inv_freq))
-    layout = [(i.ours, dtype, i.shape) for i in items] + [(n, t.dtype, tuple(t.shape)) for n, t in extra]
+    layout = _layout(items, dtype, quant) + [(n, t.dtype, tuple(t.shape)) for n, t in extra]
     writer = StreamingSafetensorsWriter(out, layout, {"format": "pt", "producer": "trtforge"})
-    params = 0
+    params = written = 0
     try:
         for item in tqdm(items, desc="converting", unit="tensor", disable=not progress):
-            tensor = _combine(item, [reader.get(s) for s in item.sources]).to(dtype)
-            writer.write(item.ours, tensor)
+            tensor = _combine(item, [reader.get(s) for s in item.sources])
             params += tensor.numel()
-            del tensor
+            if quant and is_quantized_weight(item.ours):
+                parts = zip(("qweight", "scales"), quantize(tensor, quant["scheme"], quant.get("group_size") or 0))
+                outputs = [(f"{item.ours[: -len('.weight')]}.{name}", t) for name, t in parts]
+            else:
+                outputs = [(item.ours, tensor.to(dtype))]
+            for name, t in outputs:
+                writer.write(name, t)
+                written += t.numel() * t.element_size()
+            del tensor, outputs
         for name, t in extra:
             writer.write(name, t)
     except BaseException:
         writer.abort()
         raise
     writer.close()
-    return {"parameters": params, "weight_bytes": params * torch.empty((), dtype=dtype).element_size()}
+    return {"parameters": params, "weight_bytes": written,
+            "weight_bytes_unquantized": params * torch.empty((), dtype=dtype).element_size()}

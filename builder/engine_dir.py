@@ -58,7 +58,8 @@ class EngineConfig:
     versions: dict[str, str | None] = field(default_factory=dict)
     files: dict[str, str] = field(default_factory=dict)
     """sha256 of every other file in the directory."""
-    quantization: str | None = None
+    quantization: dict[str, Any] | None = None
+    """Weight-only quantisation (build-engine --quantization): scheme, group_size, layers, scales_dtype; None: none."""
     tp_size: int = 1
     schema_version: int = SCHEMA_VERSION
 

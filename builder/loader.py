@@ -23,7 +23,7 @@ def load_network(directory: str | Path, cfg: EngineConfig, device: str | torch.d
                               f"runtime needs the torch backend's weights.")
     # Built on meta without initialisation, then the file's tensors assigned: on CPU they stay
     # mapped from the page cache (safetensors maps the file), so loading copies nothing.
-    model = build_on_meta(lambda: CausalLM(cfg.model))
+    model = build_on_meta(lambda: _network(cfg))
     state = load_file(str(weights), device=str(device))
     missing, unexpected = model.load_state_dict(state, strict=False, assign=True)
     missing = sorted(set(missing) | set(still_on_meta(model)))  # e.g. a buffer the file lacks
@@ -31,6 +31,15 @@ def load_network(directory: str | Path, cfg: EngineConfig, device: str | torch.d
         raise EngineLoadError(f"{weights} does not fit the network: missing {missing[:5]}, unexpected "
                               f"{unexpected[:5]}. Rebuild the engine.")
     return model.eval()
+
+
+def _network(cfg: EngineConfig) -> CausalLM:
+    network = CausalLM(cfg.model)
+    if cfg.quantization:  # the decoder's linears hold packed weights and scales (quant_linear.py)
+        from .quant_linear import quantize_layers
+
+        quantize_layers(network, cfg.quantization)
+    return network
 
 
 def load_tokenizer(directory: str | Path) -> Any:

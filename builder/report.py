@@ -32,6 +32,10 @@ class BuildReport:
     """How many max_seq_len sequences fit at once (what a non-paged cache could serve)."""
     build_seconds: float = 0.0
     peak_rss_bytes: int = 0
+    quantization: str | None = None
+    """Weight-only scheme of the decoder's linear layers, or None."""
+    weight_bytes_unquantized: int = 0
+    """What the same weights take unquantized, in the engine dtype (= weight_bytes when not quantized)."""
 
     def to_dict(self) -> dict:
         return asdict(self)
@@ -40,7 +44,9 @@ class BuildReport:
         gib = 2**30
         return [
             f"parameters            {self.parameters:,}",
-            f"weights               {self.weight_bytes / gib:.3f} GiB",
+            f"weights               {self.weight_bytes / gib:.3f} GiB" + (
+                f" ({self.quantization}; {self.weight_bytes_unquantized / gib:.3f} GiB before, "
+                f"{self.weight_bytes_unquantized / max(self.weight_bytes, 1):.2f}x smaller)" if self.quantization else ""),
             f"KV per token          {self.kv_bytes_per_token / 1024:.1f} KiB",
             f"KV budget             {self.kv_cache_bytes / gib:.3f} GiB = {self.kv_num_blocks:,} blocks "
             f"= {self.kv_tokens:,} tokens",
@@ -50,10 +56,11 @@ class BuildReport:
 
 
 def make_report(cfg: ModelConfig, build: BuildConfig, dtype: str, parameters: int,
-                weight_bytes: int) -> BuildReport:
+                weight_bytes: int, quantization: str | None = None, weight_bytes_unquantized: int = 0) -> BuildReport:
     per_token = kv_bytes_per_token(cfg, dtype)
     blocks = kv_num_blocks(cfg, dtype, build.kv_block_size, build.kv_cache_bytes)
     tokens = blocks * build.kv_block_size
     return BuildReport(parameters=parameters, weight_bytes=weight_bytes, kv_bytes_per_token=per_token,
                        kv_cache_bytes=build.kv_cache_bytes, kv_num_blocks=blocks, kv_tokens=tokens,
-                       full_length_sequences=tokens // int(build.max_seq_len or 1))
+                       full_length_sequences=tokens // int(build.max_seq_len or 1), quantization=quantization,
+                       weight_bytes_unquantized=weight_bytes_unquantized or weight_bytes)

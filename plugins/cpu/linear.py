@@ -50,7 +50,8 @@ LIBRARY = native.NativeLibrary(Path(__file__).with_name("linear.c"), _SIGNATURES
 library = LIBRARY.get  # the library, or None where it cannot be built (then oneDNN runs)
 
 
-def _onednn(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:
+def onednn_linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:
+    """F.linear through oneDNN (x contiguous float32 CPU; see cpu_linears_wanted)."""
     return torch.ops.mkldnn._linear_pointwise(x, weight, bias, "none", [], "")
 
 
@@ -75,7 +76,7 @@ class CpuLinear(nn.Module):
             return y
         if not x.is_contiguous():
             x = x.contiguous()
-        return _onednn(x, self.weight, self.bias)
+        return onednn_linear(x, self.weight, self.bias)
 
 
 def cpu_linears_wanted(device: torch.device, dtype: torch.dtype) -> bool:
@@ -97,4 +98,4 @@ def use_cpu_linears(network: nn.Module) -> nn.Module:
     return network
 
 
-__all__ = ["CpuLinear", "GEMV_MAX_ROWS", "cpu_linears_wanted", "use_cpu_linears"]
+__all__ = ["CpuLinear", "GEMV_MAX_ROWS", "cpu_linears_wanted", "onednn_linear", "use_cpu_linears"]

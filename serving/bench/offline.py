@@ -64,9 +64,11 @@ def weight_bytes_per_decode_step(engine: LLMEngine) -> int:
     report; a tied LM head is the embedding, read whole), except embedding tables that are only
     gathered row by row. Read from the engine, not the module: a CPU engine's linear layers hold
     oneDNN-packed buffers rather than parameters."""
+    from trtforge.builder.build_config import DTYPE_BYTES
+
     cfg = engine.engine_config
-    total = int(cfg.report["weight_bytes"])
-    per = total // max(int(cfg.report["parameters"]), 1)  # bytes per element of the engine dtype
+    total = int(cfg.report["weight_bytes"])  # quantized engines: the packed weights and their scales
+    per = DTYPE_BYTES[cfg.dtype]  # embeddings stay in the engine dtype, quantized or not
     m = cfg.model
     gathered = 0 if m.tie_word_embeddings else m.vocab_size * m.hidden_size
     gathered += m.max_position_embeddings * m.hidden_size if m.position == "learned" else 0

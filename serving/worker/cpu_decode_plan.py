@@ -16,6 +16,8 @@ Like `CudaGraphRunner`, the executor asks `can_run` per step and falls back to t
 everything else (prefill chunks, mixed steps, more than `GEMV_MAX_ROWS` tokens, long contexts). Only
 Llama-style networks qualify (RMSNorm, gated SiLU MLP, RoPE, no q/k norm); others keep the network
 path. Results equal the network's up to float32 rounding (tests/serving/worker/test_cpu_decode_plan.py).
+Weight-only quantized engines run the same plan with the quantized GEMV (plugins/cpu/quant_linear.c)
+for their decoder linears (QuantLinear); the LM head stays a float32 CpuLinear.
 """
 
 from __future__ import annotations
@@ -25,8 +27,9 @@ from typing import Any
 
 import torch
 
-from trtforge.plugins.cpu import fused as cpu_fused, linear as cpu_linear
+from trtforge.plugins.cpu import fused as cpu_fused, linear as cpu_linear, quant_linear as cpu_quant
 from trtforge.plugins.cpu.linear import GEMV_MAX_ROWS, CpuLinear
+from trtforge.builder.quant_linear import QuantLinear
 from trtforge.builder.rope import rotary_cos_sin
 from trtforge.plugins.paged_attention import cpu_native
 
@@ -35,6 +38,23 @@ from .model_inputs import ModelInputs
 
 def _ptr(t: torch.Tensor | None) -> int | None:
     return None if t is None else t.data_ptr()
+
+
+def _plan_linear(m: Any) -> bool:
+    """A linear the plan can call: float32 CpuLinear, or a QuantLinear its C kernel takes."""
+    if isinstance(m, QuantLinear):
+        return (m.in_features % 8 == 0 and (m.group or 8) % 8 == 0 and m.scales.device.type == "cpu"
+                and (m.bias is None or m.bias.dtype == torch.float32))
+    return isinstance(m, CpuLinear) and m.in_features % 8 == 0
+
+
+def _quant_gemv(lin: QuantLinear, x: int, t: int, y: int) -> tuple:
+    """The call tuple (function, arguments but threads) of the quantized GEMV of `lin`."""
+    lib = cpu_quant.LIBRARY.lib
+    args = (x, t, lin.qweight.data_ptr(), lin.scales.data_ptr(), _ptr(lin.bias), y, lin.out_features, lin.in_features)
+    if lin.scheme == "int8_wo":
+        return (lib.trtforge_gemv_int8, *args)
+    return (lib.trtforge_gemv_int4, *args, lin.group)
 
 
 class CpuDecodePlan:
@@ -58,11 +78,14 @@ class CpuDecodePlan:
         linears = [network.head_linear] + [m for layer in network.layers
                                            for m in (layer.attn.qkv, layer.attn.o_proj, layer.mlp.gate_up,
                                                      layer.mlp.down)] if llama_style else []
-        if not llama_style or not all(isinstance(m, CpuLinear) and m.in_features % 8 == 0 for m in linears):
+        if not llama_style or not all(_plan_linear(m) for m in linears):
             return None
         if c.hidden_size % 8 or c.head_dim % 8 or c.intermediate_size % 8:
             return None
         libs = (cpu_fused.library(), cpu_linear.library(), cpu_native.library())
+        quantized = any(isinstance(m, QuantLinear) for m in linears)
+        if quantized and cpu_quant.library() is None:
+            return None
         return cls(network, kv_caches, libs) if all(lib is not None for lib in libs) else None
 
     def can_run(self, inputs: ModelInputs) -> bool:
@@ -89,7 +112,9 @@ class CpuDecodePlan:
         p = {name: b.data_ptr() for name, b in buf.items()}
         eps = ctypes.c_float(c.norm_eps)
 
-        def gemv(x: str, lin: CpuLinear, y: str) -> tuple:
+        def gemv(x: str, lin: CpuLinear | QuantLinear, y: str) -> tuple:
+            if isinstance(lin, QuantLinear):
+                return _quant_gemv(lin, p[x], t, p[y])
             return (self.linear.trtforge_gemv, p[x], t, lin.weight.data_ptr(), _ptr(lin.bias), p[y],
                     lin.out_features, lin.in_features)
 

@@ -66,6 +66,9 @@ class NetworkExecutor:
             parts.append("C kernels: " + ", ".join(f"{k} {'on' if v is not None else 'OFF'}"
                                                    for k, v in native.items()))
             parts.append("CPU decode plan: " + ("on" if self.cpu_plan is not None else "off"))
+        quant = getattr(self.network, "cfg", None) and _quantization(self.network)
+        if quant:
+            parts.append(quant)
         return "; ".join(parts)
 
     @torch.inference_mode()
@@ -76,6 +79,21 @@ class NetworkExecutor:
             return self.cpu_plan.run(inputs)
         return self.network(inputs.input_ids, inputs.positions, self.kv_caches, inputs.meta,
                             inputs.logits_indices)
+
+
+def _quantization(network: Any) -> str | None:
+    """'int4_wo weights (group 128): C kernel on|OFF' for a quantized torch network, else None."""
+    from trtforge.builder.quant_linear import QuantLinear
+    from trtforge.plugins.cpu import quant_linear as cpu_quant
+
+    layers = [m for m in network.modules() if isinstance(m, QuantLinear)]
+    if not layers:
+        return None
+    group = f" (group {layers[0].group})" if layers[0].group else ""
+    on_cpu = layers[0].qweight.device.type == "cpu"
+    kernel = ("quantized GEMV " + ("on" if cpu_quant.library() is not None else "OFF") if on_cpu
+              else "torch reference (dequantise + matmul)")
+    return f"{layers[0].scheme} weights{group}: {kernel}"
 
 
 def make_executor(engine_dir: str, cfg: EngineConfig, num_blocks: int, device: str | torch.device,

@@ -16,16 +16,19 @@ from trtforge.serving.core.sampling_params import SamplingParams
 
 
 
-def _engine(tmp_path, variant: str) -> LLMEngine:
+def _engine(tmp_path, variant: str, quantization: str = "none") -> LLMEngine:
     ckpt = make_variant(tmp_path / "ckpt", variant)
     out, _ = build_engine(str(ckpt), tmp_path / "engine",
-                          BuildConfig(dtype="float32", max_batch_size=64, kv_cache_memory="8MiB"), progress=False)
+                          BuildConfig(dtype="float32", max_batch_size=64, kv_cache_memory="8MiB",
+                                      quantization=quantization, group_size=32), progress=False)
     return LLMEngine.from_engine_dir(out)
 
 
-@pytest.mark.parametrize("variant", ["qwen2-gqa-bias-tied", "llama-gqa-llama3rope", "mistral-mqa"])
-def test_plan_matches_the_network(tmp_path, monkeypatch, variant):
-    engine = _engine(tmp_path, variant)
+@pytest.mark.parametrize("variant,quantization", [
+    ("qwen2-gqa-bias-tied", "none"), ("llama-gqa-llama3rope", "none"), ("mistral-mqa", "none"),
+    ("qwen2-gqa-bias-tied", "int8_wo"), ("llama-gqa-llama3rope", "int4_wo")])  # quantized: the plan's quantized GEMV
+def test_plan_matches_the_network(tmp_path, monkeypatch, variant, quantization):
+    engine = _engine(tmp_path, variant, quantization)
     ex = engine.executor
     assert ex.cpu_plan is not None, "a float32 Llama-style CPU engine gets a decode plan"
     seen, real = [], ex.execute
