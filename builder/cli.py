@@ -81,6 +81,7 @@ def _validated_schedule(values: dict[str, Any], build: BuildConfig) -> dict[str,
     except ImportError:  # serving not installed: the runtime validates at load
         return values
     try:
+        SchedulerConfig.refuse_engine_fields(values)  # the build options set those (--max-seq-len, ...)
         return SchedulerConfig.coerce(values)
     except (ConfigError, ValueError) as exc:
         raise BuildError(f"--schedule: {exc}") from None

@@ -89,6 +89,7 @@ def test_missing_tokenizer(tmp_path, good_ckpt):
     (["--backend", "vllm"], ["'vllm' is not one of 'torch', 'tensorrt', 'trtllm'"]),  # only backends that exist
     (["--schedule", "prefill_chunk_size=-3"], ["prefill_chunk_size=-3"]),
     (["--schedule", "policy=yolo"], ["policy", "guaranteed_no_evict"]),
+    (["--schedule", "block_size=64"], ["['block_size'] describe the engine", "--kv-block-size"]),
 ])
 def test_contradictory_or_impossible_options(tmp_path, good_ckpt, args, needles):
     result, left = _build(good_ckpt, tmp_path / "engine", *args)
