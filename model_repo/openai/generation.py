@@ -50,7 +50,8 @@ def ensemble_inputs(req: SamplingFields, prompt: str, max_tokens: int) -> dict[s
         prompt, max_tokens, stream=True, return_log_probs=True, exclude_input_in_output=True,
         temperature=OPENAI_TEMPERATURE if req.temperature is None else req.temperature,
         top_p=top_p, top_k=req.top_k, seed=req.seed, presence_penalty=req.presence_penalty,
-        frequency_penalty=req.frequency_penalty, stop_words=stops or None)
+        frequency_penalty=req.frequency_penalty, stop_words=stops or None,
+        min_tokens=max_tokens if req.ignore_eos else req.min_tokens)
 
 
 @dataclass

@@ -65,6 +65,12 @@ class SamplingFields(BaseModel):
     top_k: int | None = Field(None, ge=-1, le=INT32_MAX,
                               description="Extension (as vLLM): keep the k most likely tokens; "
                                           "0 or -1 = off.")
+    min_tokens: int | None = Field(None, ge=0, le=INT32_MAX,
+                                   description="Extension (as vLLM): generate at least this many "
+                                               "tokens (EOS and stop strings wait); <= max_tokens.")
+    ignore_eos: bool | None = Field(False, description=(
+        "Extension (as vLLM): generate exactly max_tokens tokens (sent as min_tokens = "
+        "max_tokens; a stop string still ends the text)."))
     seed: int | None = Field(None, ge=0, le=UINT64_MAX,
                              description="Per-request generator: reproducible sampling.")
     stop: StopString | Annotated[list[StopString], Field(max_length=MAX_STOP_STRINGS)] | None = Field(

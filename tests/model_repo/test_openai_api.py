@@ -46,7 +46,11 @@ def test_completion_request_maps_to_sampling_params():
     assert (p.presence_penalty, p.frequency_penalty) == (0.5, -1.0)
     greedy = parse_request(ensemble_inputs(CompletionRequest(model="m", prompt="x",
                                                              temperature=0), "x", 16))
-    assert greedy.params.is_greedy and greedy.params.stop == []
+    assert greedy.params.is_greedy and greedy.params.stop == [] and greedy.params.min_tokens == 0
+    exact = CompletionRequest(model="m", prompt="x", ignore_eos=True, min_tokens=2)
+    assert parse_request(ensemble_inputs(exact, "x", 9)).params.min_tokens == 9
+    at_least = CompletionRequest(model="m", prompt="x", min_tokens=2)
+    assert parse_request(ensemble_inputs(at_least, "x", 9)).params.min_tokens == 2
 
 
 @pytest.mark.parametrize("fields, param, words", [
