@@ -39,7 +39,7 @@ static inline v8f load_i4(const uint8_t *p) {
 
 /* Weight vector i (elements 8i..8i+7) of row `row`, dequantised (int4: with its group's scale). */
 #define W_INT8(row, i) load_i8((const int8_t *)(row) + (i))
-#define W_INT4(row, s, i) (load_i4((const uint8_t *)(row) + (i) / 2) * v8_splat((s)[(i) / group]))
+#define W_INT4(row, s, i) (load_i4((const uint8_t *)(row) + (i) / 2) * v8_splat((s)[(i) / group]))  /* edge rows only */
 
 static inline float out8(v8f acc, const float *scale, const float *bias, int64_t n) {
     return v8_sum(acc) * scale[n] + (bias ? bias[n] : 0.0f);
@@ -132,14 +132,18 @@ static void int4_block3(const float *x, int64_t r, const uint8_t *q, const float
     const float *x0 = x + r * k, *x1 = x0 + k, *x2 = x1 + k;
     v8f a00 = v8_splat(0.0f), a01 = a00, a02 = a00, a03 = a00, a10 = a00, a11 = a00, a12 = a00, a13 = a00,
         a20 = a00, a21 = a00, a22 = a00, a23 = a00;
-    for (int64_t i = 0; i < k; i += 8) {
-        const v8f b0 = W_INT4(w0, s0, i), b1 = W_INT4(w1, s1, i), b2 = W_INT4(w2, s2, i), b3 = W_INT4(w3, s3, i);
-        v8f a = v8_load(x0 + i);
-        a00 += a * b0; a01 += a * b1; a02 += a * b2; a03 += a * b3;
-        a = v8_load(x1 + i);
-        a10 += a * b0; a11 += a * b1; a12 += a * b2; a13 += a * b3;
-        a = v8_load(x2 + i);
-        a20 += a * b0; a21 += a * b1; a22 += a * b2; a23 += a * b3;
+    for (int64_t g = 0; g < groups; g++) { /* the group's scales hoisted: no division per vector */
+        const v8f c0 = v8_splat(s0[g]), c1 = v8_splat(s1[g]), c2 = v8_splat(s2[g]), c3 = v8_splat(s3[g]);
+        for (int64_t i = g * group; i < (g + 1) * group; i += 8) {
+            const v8f b0 = load_i4(w0 + i / 2) * c0, b1 = load_i4(w1 + i / 2) * c1, b2 = load_i4(w2 + i / 2) * c2,
+                      b3 = load_i4(w3 + i / 2) * c3;
+            v8f a = v8_load(x0 + i);
+            a00 += a * b0; a01 += a * b1; a02 += a * b2; a03 += a * b3;
+            a = v8_load(x1 + i);
+            a10 += a * b0; a11 += a * b1; a12 += a * b2; a13 += a * b3;
+            a = v8_load(x2 + i);
+            a20 += a * b0; a21 += a * b1; a22 += a * b2; a23 += a * b3;
+        }
     }
     float *y0 = y + r * n_out + n0, *y1 = y0 + n_out, *y2 = y1 + n_out;
     y0[0] = out4(a00, bias, n0); y0[1] = out4(a01, bias, n0 + 1); y0[2] = out4(a02, bias, n0 + 2); y0[3] = out4(a03, bias, n0 + 3);
@@ -184,8 +188,12 @@ void trtforge_dequant_int8(const int8_t *q, const float *scale, float *out, int6
 
 void trtforge_dequant_int4(const uint8_t *q, const float *scale, float *out, int64_t n_out, int64_t k,
                            int64_t group, int64_t threads) {
+    const int64_t groups = k / group;
 #pragma omp parallel for schedule(static) num_threads(threads)
     for (int64_t n = 0; n < n_out; n++)
-        for (int64_t i = 0; i < k; i += 8)
-            v8_store(out + n * k + i, W_INT4(q + n * (k / 2), scale + n * (k / group), i));
+        for (int64_t g = 0; g < groups; g++) {
+            const v8f s = v8_splat(scale[n * groups + g]);
+            for (int64_t i = g * group; i < (g + 1) * group; i += 8)
+                v8_store(out + n * k + i, load_i4(q + (n * k + i) / 2) * s);
+        }
 }
