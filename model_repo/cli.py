@@ -29,10 +29,18 @@ from .bench.serve import serve as bench_serve_command  # noqa: F401  (`trtforge 
                    "prompt out of non-streamed text_output (TensorRT-LLM includes it).")
 @click.option("--kv-cache-memory", default=None,
               help="Memory for the paged KV cache, e.g. 512MiB (default: engine.json's budget).")
+@click.option("--trtllm-models-dir", type=click.Path(exists=True, file_okay=False), default=None,
+              help="--backend trtllm engines: TensorRT-LLM's all_models/inflight_batcher_llm to copy "
+                   "the python models' model.py from (default: the NGC image's /app/all_models/"
+                   "inflight_batcher_llm when it exists).")
+@click.option("--disaggregated", is_flag=True,
+              help="--backend trtllm engines: separate context and generation models "
+                   "(disaggregated serving, two GPUs).")
 @dataclass_options(SchedulerConfig, exclude=ENGINE_FIELDS, default_text="the engine's engine.json value, else {default}")
 def emit_repo_command(engine_dir: str, repo_dir: str, device: str,
                       triton_max_batch_size: int | None, exclude_input_in_output: bool,
-                      kv_cache_memory: str | None, **scheduler: object) -> None:
+                      kv_cache_memory: str | None, trtllm_models_dir: str | None,
+                      disaggregated: bool, **scheduler: object) -> None:
     """Write a Triton model repository (model `ensemble`) serving ENGINE_DIR into REPO_DIR.
 
     Scheduling options given here are written into ensemble/config.pbtxt as parameters; the
@@ -45,6 +53,7 @@ def emit_repo_command(engine_dir: str, repo_dir: str, device: str,
                          triton_max_batch_size=triton_max_batch_size,
                          exclude_input_in_output=exclude_input_in_output,
                          kv_cache_memory=kv_cache_memory,
+                         trtllm_models_dir=trtllm_models_dir, disaggregated=disaggregated,
                          **{k: v for k, v in scheduler.items() if v is not None})
     except (ValueError, FileNotFoundError) as exc:
         raise click.ClickException(str(exc)) from None

@@ -1,0 +1,20 @@
+"""`trtforge emit-repo` on a --backend trtllm engine: the trtllm options reach the emitter."""
+
+from __future__ import annotations
+
+from click.testing import CliRunner
+
+from trtforge.model_repo.cli import emit_repo_command
+from trtforge.model_repo.emit import engine_parameters, read_config
+
+
+def test_emit_repo_command_writes_the_trtllm_layout(trtllm_engine, tmp_path):
+    result = CliRunner().invoke(emit_repo_command, [str(trtllm_engine), str(tmp_path / "repo"),
+                                                    "--disaggregated", "--policy",
+                                                    "guaranteed_no_evict"])
+    assert result.exit_code == 0, result.output
+    assert engine_parameters(read_config(tmp_path / "repo" / "generation" / "config.pbtxt"))[
+        "batch_scheduler_policy"] == "guaranteed_no_evict"
+    bad = CliRunner().invoke(emit_repo_command, [str(trtllm_engine), str(tmp_path / "r2"),
+                                                 "--prefill-chunk-size", "100000"])
+    assert bad.exit_code != 0 and "prefill_chunk_size" in bad.output
