@@ -34,5 +34,6 @@ echo "--- curl $http/v2/models/ensemble/generate:"
 curl -s -X POST "http://$http/v2/models/ensemble/generate" \
   -d '{"text_input": "The quick brown fox", "max_tokens": 8, "bad_words": "", "stop_words": ""}'
 echo
-echo "(random weights, so random words; \`trtforge demo-checkpoint DIR --train-seconds 10\` makes a demo"
-echo " model fitted to a bundled English text for 10 s, which continues the prompt with its phrases)"
+echo "(random weights, so random words; \`trtforge demo-checkpoint DIR --train-seconds 10\` fits the demo"
+echo " model to a bundled English text for 10 s, after which it continues a prompt with that text's"
+echo " phrases: the more steps the machine manages in 10 s, the better)"
