@@ -22,11 +22,20 @@
 typedef int8_t v8c __attribute__((vector_size(8)));
 typedef uint32_t v8u __attribute__((vector_size(32)));
 
+#ifdef __AVX2__
+#include <immintrin.h>
+/* GCC 12 lowers the generic 8-byte → 8-lane conversion below to 16 scalar inserts (measured: the
+ * int8 GEMV ran at half the float32 one's speed); AVX2 has it as one vpmovsxbd. */
+static inline v8f load_i8(const int8_t *p) {
+    return (v8f)_mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(_mm_loadl_epi64((const __m128i *)p)));
+}
+#else
 static inline v8f load_i8(const int8_t *p) {
     v8c c;
     memcpy(&c, p, sizeof c);
     return __builtin_convertvector(__builtin_convertvector(c, v8i), v8f);
 }
+#endif
 
 /* Eight int4 values from four bytes: nibble j of the little-endian word is element j. */
 static inline v8f load_i4(const uint8_t *p) {
