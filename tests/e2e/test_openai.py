@@ -264,17 +264,31 @@ def test_disconnected_clients_free_their_kv_blocks(api):
     # Run to its end it would have generated `most`; cut short, fewer (how many fewer depends
     # on how busy the machine is: the tiny engine makes ~1.5 tokens/ms when it has the CPU).
     assert api.serve.metric("trtforge_generation_tokens_total") - before < most
-    # A non-streamed request whose client leaves once the engine is working on it.
+    # A non-streamed request whose client leaves once the engine is working on it. Its ~1 s of
+    # generation can end before the disconnect lands when the machine is busy (seen under a
+    # load average of 6 on 2 cores): such an attempt shows nothing either way, so up to three
+    # are made, and one must be cut short. Every attempt must leave no KV block held.
+    generated = []
+    for _ in range(3):
+        generated.append(_leave_non_streamed(api, long))
+        assert wait_for(lambda: api.serve.metric("trtforge_requests_running") == 0)
+        assert api.serve.metric("trtforge_kv_blocks_used") == 0
+        if generated[-1] < most:
+            break
+    assert generated[-1] < most, f"never cut short: {generated} tokens of {most}"
+
+
+def _leave_non_streamed(api: Api, body: dict) -> float:
+    """Send a non-streamed completion, close the socket once tokens flow; tokens generated."""
     before = api.serve.metric("trtforge_generation_tokens_total")
     host, port = urllib.parse.urlsplit(api.serve.openai_url).netloc.split(":")
-    body = json.dumps(long).encode()
+    data = json.dumps(body).encode()
     with socket.create_connection((host, int(port))) as sock:
         sock.sendall(b"POST /v1/completions HTTP/1.1\r\nHost: x\r\nContent-Type: "
-                     b"application/json\r\nContent-Length: %d\r\n\r\n%s" % (len(body), body))
+                     b"application/json\r\nContent-Length: %d\r\n\r\n%s" % (len(data), data))
         assert wait_for(lambda: api.serve.metric("trtforge_generation_tokens_total") > before)
     assert wait_for(lambda: api.serve.metric("trtforge_requests_running") == 0)
-    assert api.serve.metric("trtforge_kv_blocks_used") == 0
-    assert api.serve.metric("trtforge_generation_tokens_total") - before < most  # cut short
+    return api.serve.metric("trtforge_generation_tokens_total") - before
 
 
 def test_triton_gone_is_503_and_no_chat_template_is_400(api, tmp_path):
