@@ -36,3 +36,16 @@ def test_three_dimensional_input_and_autograd_fallback():
     with torch.inference_mode():
         torch.testing.assert_close(layer(x), F.linear(x, w), atol=2e-5, rtol=2e-5)
     torch.testing.assert_close(layer(x), F.linear(x, w), atol=2e-5, rtol=2e-5)  # grad mode: oneDNN
+
+
+@pytest.mark.parametrize("shape", [(33, 40), (2, 35, 40), (64, 40)])
+def test_onednn_rows_padded_to_a_few_shapes(shape):
+    """Rows reach oneDNN padded to a multiple of ONEDNN_ROW_QUANTUM (one cached kernel per padded
+    count, not per count); the result is F.linear's, in the input's shape."""
+    from trtforge.plugins.cpu.linear import onednn_linear
+
+    g = torch.Generator().manual_seed(len(shape))
+    x, w, b = torch.randn(*shape, generator=g), torch.randn(18, 40, generator=g), torch.randn(18, generator=g)
+    y = onednn_linear(x, w, b)
+    assert y.shape == (*shape[:-1], 18)
+    torch.testing.assert_close(y, torch.nn.functional.linear(x, w, b), rtol=1e-5, atol=1e-5)
