@@ -13,7 +13,7 @@ from trtforge.serving.core.config import SchedulerConfig
 from trtforge.model_repo.params import ENGINE_FIELDS
 
 from .bench.serve import serve as bench_serve_command  # noqa: F401  (`trtforge bench serve`)
-from .bench.soak import soak as bench_soak_command  # noqa: F401  (`trtforge bench soak`)
+from .bench.soak_cli import soak as bench_soak_command  # noqa: F401  (`trtforge bench soak`)
 
 
 @click.command("emit-repo")

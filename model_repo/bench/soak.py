@@ -16,74 +16,25 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import dataclasses
-import json
 import os
 import re
 import subprocess
 import sys
-import tempfile
 import time
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Iterator
 
 import click
 
-from trtforge.builder.config_docs import dataclass_options, pick
-
 from . import soak_report as R
 from .soak_clients import Clients, Outcome, send
 from .soak_probe import read_metrics, tree_memory, wait_idle
+from .soak_config import SoakConfig
 from .soak_workload import CHECKED_KINDS, CHECKED_MAX_TOKENS, PROMPTS, Planned, expected_texts, make_plan
 
 BUILD_FLAGS = ("--dtype", "float32", "--max-batch-size", "32", "--max-num-tokens", "256",
                "--max-seq-len", "256", "--kv-block-size", "8", "--kv-cache-memory", "8MiB")
 """build-engine flags of the soak's tiny engine (the e2e tests' engine)."""
-
-
-@dataclass
-class SoakConfig:
-    """Options of `trtforge bench soak` (the CLI reads its defaults and help from here)."""
-
-    work_dir: str | None = None
-    """Where the demo checkpoint, engine, repository and server log go (reused across runs).
-    Default: $TMPDIR/trtforge-soak."""
-    num_requests: int = 10_000
-    """Requests to send."""
-    concurrency: int = 24
-    """Requests in flight at once."""
-    checkpoints: str = "1000,5000,10000"
-    """Request counts after which sending pauses, the server goes idle and its memory is read
-    (comma-separated; the end of the run is always one)."""
-    seed: int = 0
-    """Seed of the request plan."""
-    max_seconds: float = 3600.0
-    """Stop sending new requests after this long (the report says how many were sent)."""
-    request_timeout_s: float = 60.0
-    """A request with no complete answer for this long counts as an error (and is cut)."""
-    idle_timeout_s: float = 30.0
-    """How long a checkpoint waits for the gauges to reach 0."""
-    model_file: str | None = None
-    """Serve this model.py instead of the packaged one (e.g. an instrumented copy)."""
-    rebuild: bool = False
-    """Rebuild the demo engine even if --work-dir has one."""
-
-    def validate(self) -> None:
-        for name in ("num_requests", "concurrency", "max_seconds", "request_timeout_s"):
-            if not getattr(self, name) > 0:
-                raise click.BadParameter("must be > 0", param_hint="--" + name.replace("_", "-"))
-        try:
-            self.checkpoint_list()
-        except ValueError:
-            raise click.BadParameter(f"{self.checkpoints!r}: expected counts like 1000,5000",
-                                     param_hint="--checkpoints") from None
-
-    def checkpoint_list(self) -> list[int]:
-        marks = {int(x) for x in self.checkpoints.split(",") if x.strip()}
-        return sorted({m for m in marks if 0 < m < self.num_requests} | {self.num_requests})
-
-    def work_path(self) -> Path:
-        return Path(self.work_dir or Path(tempfile.gettempdir()) / "trtforge-soak")
 
 
 # -- setup ------------------------------------------------------------------------------------
@@ -241,28 +192,7 @@ def run_soak(cfg: SoakConfig, env: dict[str, str]) -> dict[str, Any]:
     return summarize(cfg, env, run, code)
 
 
-@click.command("soak", context_settings={"help_option_names": ["-h", "--help"]})
-@dataclass_options(SoakConfig)
-@click.option("--server-env", "server_env", multiple=True, metavar="KEY=VALUE",
-              help="Environment variable for tritonserver and its stubs (repeatable), e.g. MALLOC_ARENA_MAX=2.")
-@click.option("--json", "json_path", type=click.Path(dir_okay=False), help="Write the report as JSON here.")
-def soak(server_env: tuple[str, ...], json_path: str | None, **options: Any) -> None:
-    """Soak a real tritonserver on loopback with good, cancelled and malformed requests; check the
-    answers, and read the server's memory and engine gauges as requests accumulate."""
-    cfg = dataclasses.replace(SoakConfig(), **pick(SoakConfig, options))
-    cfg.validate()
-    bad = [e for e in server_env if "=" not in e]
-    if bad:
-        raise click.BadParameter(f"{bad[0]!r}: expected KEY=VALUE", param_hint="--server-env")
-    env = dict(e.split("=", 1) for e in server_env)
-    report = run_soak(cfg, env)
-    click.echo(R.format_text(report))
-    if json_path:
-        Path(json_path).write_text(json.dumps(report, indent=1))
-        click.echo(f"JSON report: {json_path}")
-    if not report["passed"]:
-        sys.exit(1)
-
-
 if __name__ == "__main__":
+    from .soak_cli import soak
+
     soak()
