@@ -41,6 +41,18 @@ def request_arrays(prompt: str, max_tokens: int, **options: Any) -> dict[str, np
     return arrays
 
 
+def grpc_inputs(prompt: str, max_tokens: int, **options: Any) -> list[Any]:
+    """tritonclient gRPC InferInputs of one request (sync and asyncio clients take the same)."""
+    import tritonclient.grpc as grpcclient  # noqa: PLC0415 - optional dependency
+
+    inputs = []
+    for name, arr in request_arrays(prompt, max_tokens, **options).items():
+        tensor = grpcclient.InferInput(name, list(arr.shape), _WIRE[_SPECS[name].dtype])
+        tensor.set_data_from_numpy(arr)
+        inputs.append(tensor)
+    return inputs
+
+
 def stream_grpc(url: str, prompt: str, max_tokens: int, model: str = ENSEMBLE,
                 wait_s: float = 300.0, **options: Any) -> Iterator[str]:
     """Yield `text_output` pieces as the server sends them (gRPC bidirectional stream).
@@ -54,11 +66,7 @@ def stream_grpc(url: str, prompt: str, max_tokens: int, model: str = ENSEMBLE,
     import tritonclient.grpc as grpcclient  # noqa: PLC0415 - optional dependency
 
     options.setdefault("stream", True)
-    inputs = []
-    for name, arr in request_arrays(prompt, max_tokens, **options).items():
-        tensor = grpcclient.InferInput(name, list(arr.shape), _WIRE[_SPECS[name].dtype])
-        tensor.set_data_from_numpy(arr)
-        inputs.append(tensor)
+    inputs = grpc_inputs(prompt, max_tokens, **options)
     responses: queue.Queue = queue.Queue()
     client = grpcclient.InferenceServerClient(url)
     client.start_stream(callback=lambda result, error: responses.put((result, error)))

@@ -153,23 +153,11 @@ def make_prompts(tokenizer: Any, pieces: list[str], count: int, num_tokens: int,
 
 # -- one request ------------------------------------------------------------------------------
 def _infer_inputs(prompt: str, output_len: int, cfg: ServeBenchConfig) -> list[Any]:
-    import tritonclient.grpc.aio as grpcclient  # noqa: PLC0415 - optional dependency
-    from tritonclient.utils import np_to_triton_dtype  # noqa: PLC0415
-    import numpy as np  # noqa: PLC0415 - here, not at the top: `trtforge --help` imports this module
+    from trtforge.model_repo.client import grpc_inputs  # noqa: PLC0415 - numpy, tritonclient
 
-    arrays = {"text_input": np.array([[prompt.encode("utf-8")]], dtype=np.object_),
-              "max_tokens": np.array([[output_len]], dtype=np.int32),
-              "stream": np.array([[True]], dtype=np.bool_)}
-    if cfg.ignore_eos:
-        arrays["min_tokens"] = np.array([[output_len]], dtype=np.int32)
-    if cfg.return_log_probs:
-        arrays["return_log_probs"] = np.array([[True]], dtype=np.bool_)
-    inputs = []
-    for name, arr in arrays.items():
-        tensor = grpcclient.InferInput(name, list(arr.shape), np_to_triton_dtype(arr.dtype))
-        tensor.set_data_from_numpy(arr)
-        inputs.append(tensor)
-    return inputs
+    return grpc_inputs(prompt, output_len, stream=True,
+                       min_tokens=output_len if cfg.ignore_eos else None,
+                       return_log_probs=True if cfg.return_log_probs else None)
 
 
 def _tokens_in(result: Any) -> int:

@@ -58,17 +58,9 @@ class Clients:
 
 
 def _grpc_inputs(arrays: dict[str, Any]) -> list[Any]:
-    import tritonclient.grpc.aio as grpcclient  # noqa: PLC0415 - optional dependency
-    from tritonclient.utils import np_to_triton_dtype  # noqa: PLC0415
+    from trtforge.model_repo.client import grpc_inputs  # noqa: PLC0415
 
-    from trtforge.model_repo.client import request_arrays  # noqa: PLC0415
-
-    inputs = []
-    for name, arr in request_arrays(arrays.pop("text_input"), arrays.pop("max_tokens"), **arrays).items():
-        tensor = grpcclient.InferInput(name, list(arr.shape), np_to_triton_dtype(arr.dtype))
-        tensor.set_data_from_numpy(arr)
-        inputs.append(tensor)
-    return inputs
+    return grpc_inputs(arrays.pop("text_input"), arrays.pop("max_tokens"), **arrays)
 
 
 def _text_of(result: Any) -> str:
