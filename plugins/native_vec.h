@@ -44,4 +44,17 @@ static inline v8f v8_exp(v8f x) {
     return y * (v8f)n;
 }
 
+/* The inner step of a GEMV register tile of 3 rows x 4 weight rows: accumulators a00..a23 (row r,
+ * weight row c) += x_r[i..i+8) * b_c. A macro, not a function, so the twelve accumulators stay in
+ * registers whatever the compiler decides about inlining; shared by the float32 and quantized GEMVs,
+ * which differ only in how b0..b3 are loaded. */
+#define TILE_3X4_FMA(x0, x1, x2, i, b0, b1, b2, b3) do {                 \
+        v8f a_ = v8_load((x0) + (i));                                        \
+        a00 += a_ * (b0); a01 += a_ * (b1); a02 += a_ * (b2); a03 += a_ * (b3); \
+        a_ = v8_load((x1) + (i));                                            \
+        a10 += a_ * (b0); a11 += a_ * (b1); a12 += a_ * (b2); a13 += a_ * (b3); \
+        a_ = v8_load((x2) + (i));                                            \
+        a20 += a_ * (b0); a21 += a_ * (b1); a22 += a_ * (b2); a23 += a_ * (b3); \
+    } while (0)
+
 #endif

@@ -27,12 +27,7 @@ static inline void tile3x4(const float *x, const float *w, const float *bias, fl
         a20 = a00, a21 = a00, a22 = a00, a23 = a00;
     for (int64_t i = 0; i < k; i += 8) {
         const v8f b0 = v8_load(w0 + i), b1 = v8_load(w1 + i), b2 = v8_load(w2 + i), b3 = v8_load(w3 + i);
-        v8f a = v8_load(x0 + i);
-        a00 += a * b0; a01 += a * b1; a02 += a * b2; a03 += a * b3;
-        a = v8_load(x1 + i);
-        a10 += a * b0; a11 += a * b1; a12 += a * b2; a13 += a * b3;
-        a = v8_load(x2 + i);
-        a20 += a * b0; a21 += a * b1; a22 += a * b2; a23 += a * b3;
+        TILE_3X4_FMA(x0, x1, x2, i, b0, b1, b2, b3);
     }
     float *y0 = y + r0 * n_out + n0, *y1 = y0 + n_out, *y2 = y1 + n_out;
     y0[0] = finish(a00, bias, n0); y0[1] = finish(a01, bias, n0 + 1); y0[2] = finish(a02, bias, n0 + 2); y0[3] = finish(a03, bias, n0 + 3);

@@ -67,12 +67,7 @@ static void int8_block(const float *x, int64_t rows, const int8_t *q, const floa
             a20 = a00, a21 = a00, a22 = a00, a23 = a00;
         for (int64_t i = 0; i < k; i += 8) {
             const v8f b0 = W_INT8(w0, i), b1 = W_INT8(w1, i), b2 = W_INT8(w2, i), b3 = W_INT8(w3, i);
-            v8f a = v8_load(x0 + i);
-            a00 += a * b0; a01 += a * b1; a02 += a * b2; a03 += a * b3;
-            a = v8_load(x1 + i);
-            a10 += a * b0; a11 += a * b1; a12 += a * b2; a13 += a * b3;
-            a = v8_load(x2 + i);
-            a20 += a * b0; a21 += a * b1; a22 += a * b2; a23 += a * b3;
+            TILE_3X4_FMA(x0, x1, x2, i, b0, b1, b2, b3);
         }
         float *y0 = y + r * n_out + n0, *y1 = y0 + n_out, *y2 = y1 + n_out;
         y0[0] = out8(a00, scale, bias, n0); y0[1] = out8(a01, scale, bias, n0 + 1); y0[2] = out8(a02, scale, bias, n0 + 2); y0[3] = out8(a03, scale, bias, n0 + 3);
@@ -146,12 +141,7 @@ static void int4_block3(const float *x, int64_t r, const uint8_t *q, const float
         for (int64_t i = g * group; i < (g + 1) * group; i += 8) {
             const v8f b0 = load_i4(w0 + i / 2) * c0, b1 = load_i4(w1 + i / 2) * c1, b2 = load_i4(w2 + i / 2) * c2,
                       b3 = load_i4(w3 + i / 2) * c3;
-            v8f a = v8_load(x0 + i);
-            a00 += a * b0; a01 += a * b1; a02 += a * b2; a03 += a * b3;
-            a = v8_load(x1 + i);
-            a10 += a * b0; a11 += a * b1; a12 += a * b2; a13 += a * b3;
-            a = v8_load(x2 + i);
-            a20 += a * b0; a21 += a * b1; a22 += a * b2; a23 += a * b3;
+            TILE_3X4_FMA(x0, x1, x2, i, b0, b1, b2, b3);
         }
     }
     float *y0 = y + r * n_out + n0, *y1 = y0 + n_out, *y2 = y1 + n_out;
