@@ -38,7 +38,11 @@ from .stop_checker import StopChecker
 
 _STATUS = {"stop": SequenceStatus.FINISHED_STOPPED, "length": SequenceStatus.FINISHED_LENGTH,
            "abort": SequenceStatus.FINISHED_ABORTED, "error": SequenceStatus.FINISHED_ABORTED,
-           "timeout": SequenceStatus.FINISHED_ABORTED}
+           "timeout": SequenceStatus.FINISHED_ABORTED, "handoff": SequenceStatus.FINISHED_STOPPED}
+
+PHASES = ("both", "context", "generation")
+"""both: prefill and decode here (co-located). context: prefill and the first token, then hand the
+KV over (RequestOutput.kv_handle). generation: continue from handed-over KV (add_handoff)."""
 
 
 @dataclass
@@ -67,6 +71,17 @@ class EngineStats:
     """Requests refused since start because the waiting queue was full (EngineOverloaded)."""
     requests_timed_out_total: int = 0
     """Requests aborted since start because they passed their deadline (timeout_s)."""
+    kv_handoffs_total: int = 0
+    """Disaggregated serving: KV handoffs completed (context: taken by a generation side;
+    generation: imported)."""
+    kv_handoff_bytes_total: int = 0
+    """Bytes of K/V copied for handoffs (context: into the shared segment; generation: out of it)."""
+    kv_handoff_seconds_total: float = 0.0
+    """Time spent on those copies."""
+    kv_handoffs_expired_total: int = 0
+    """Context: handoffs freed because no generation side took them before their deadline."""
+    kv_handoff_blocks_held: int = 0
+    """Context: staging blocks held by handoffs not yet taken."""
 
     @property
     def prefix_cache_hit_rate(self) -> float:
@@ -88,6 +103,8 @@ class _Request:
     metrics: RequestMetrics
     text: str = ""
     cum_logprob: float = 0.0
+    kv_handle: Any = None
+    """Generation phase: the handoff whose KV this request waits for (None once imported)."""
 
 
 def num_kv_blocks(cfg: EngineConfig, kv_cache_memory: str | int | None) -> int:
@@ -97,7 +114,21 @@ def num_kv_blocks(cfg: EngineConfig, kv_cache_memory: str | int | None) -> int:
 
 
 class LLMEngine:
-    def __init__(self, cfg: EngineConfig, executor: Executor, tokenizer: Any, sched: SchedulerConfig):
+    def __init__(self, cfg: EngineConfig, executor: Executor, tokenizer: Any, sched: SchedulerConfig,
+                 phase: str = "both", handoff_timeout_s: float = 30.0):
+        if phase not in PHASES:
+            raise ValueError(f"phase={phase!r} is invalid: must be one of {', '.join(PHASES)}")
+        self.phase = phase
+        self.kv_exporter = self.kv_importer = None
+        if phase == "context":
+            from .kv_connector import SharedMemoryExporter
+
+            self.kv_exporter = SharedMemoryExporter(_kv_tensors(executor), sched.num_blocks,
+                                                    sched.block_size, handoff_timeout_s)
+        elif phase == "generation":
+            from .kv_connector import SharedMemoryImporter
+
+            self.kv_importer = SharedMemoryImporter()
         self.engine_config = cfg
         self.executor = executor
         self.tokenizer = tokenizer
@@ -117,16 +148,17 @@ class LLMEngine:
     @classmethod
     def from_engine_dir(cls, path: str | Path, device: str | torch.device = "cpu",
                         kv_cache_memory: str | int | None = None, verify_checksums: bool = True,
-                        cuda_graphs: bool = False, **scheduler_overrides: Any) -> "LLMEngine":
+                        cuda_graphs: bool = False, phase: str = "both", handoff_timeout_s: float = 30.0,
+                        **scheduler_overrides: Any) -> "LLMEngine":
         """Load an engine directory; scheduler parameters default to engine.json's and can be overridden.
         cuda_graphs: replay decode steps from CUDA graphs captured for batch sizes 1, 2, 4, … up to
-        max_batch_size (device cuda only)."""
+        max_batch_size (device cuda only). phase: see PHASES (disaggregated serving)."""
         cfg = read_engine_config(path, verify_checksums=verify_checksums)
         blocks = num_kv_blocks(cfg, kv_cache_memory)
         sched = SchedulerConfig.for_engine(cfg.build, cfg.scheduling, blocks, scheduler_overrides)
         sizes = tuple(b for b in DEFAULT_BATCH_SIZES if b < sched.max_batch_size) + (sched.max_batch_size,)
         executor = make_executor(str(path), cfg, blocks, device, sizes if cuda_graphs else ())
-        return cls(cfg, executor, load_tokenizer(path), sched)
+        return cls(cfg, executor, load_tokenizer(path), sched, phase, handoff_timeout_s)
 
     # ---- requests ---------------------------------------------------------------------------
     def add_request(self, prompt: str | list[int], params: SamplingParams | None = None,
@@ -142,8 +174,16 @@ class LLMEngine:
         if rid in self._requests:
             raise ValueError(f"request id {rid!r} is already in use by an unfinished request")
         arrival = arrival_time or time.monotonic()
+        max_tokens = params.max_tokens
+        if self.phase == "context":  # computes the prompt and one token; the rest is elsewhere
+            limit = self.scheduler_config.max_seq_len
+            if len(ids) < limit and len(ids) + max_tokens > limit:
+                raise ValueError(f"request {rid}: prompt of {len(ids)} tokens + max_tokens="
+                                 f"{max_tokens} exceeds max_seq_len={limit}; send max_tokens <= "
+                                 f"{limit - len(ids)} for this prompt, or shorten the prompt")
+            max_tokens = 1
         # The scheduler's Sequence gets its own copy of the prompt: nothing it holds is shared.
-        seq = Sequence(seq_id=rid, prompt_token_ids=list(ids), max_tokens=params.max_tokens,
+        seq = Sequence(seq_id=rid, prompt_token_ids=list(ids), max_tokens=max_tokens,
                        arrival_time=arrival)
         try:
             self.scheduler.add(seq)  # validates length and KV need, bounds the waiting queue
@@ -159,6 +199,60 @@ class LLMEngine:
             self._deadlines[rid] = arrival + params.timeout_s
         self.prompt_tokens_total += len(ids)
         return rid
+
+    def add_handoff(self, handle: Any, params: SamplingParams | None = None,
+                    request_id: str | None = None, arrival_time: float | None = None) -> str:
+        """Generation phase: continue a request whose prompt KV and first token a context engine
+        computed (`handle`: its KVHandle). The KV is copied in when the request is admitted; the
+        first token's text is not sent again. Errors as add_request; the handle is released on
+        any error (the context side frees its blocks)."""
+        if self.kv_importer is None:
+            raise ValueError(f"add_handoff needs an engine in the generation phase (this one: {self.phase})")
+        try:
+            params = (params or SamplingParams()).validate()
+            if params.bad_words:
+                params = params.resolve_bad_words(self.tokenizer)
+            ids = self._encode(list(handle.prompt_token_ids))
+            rid = request_id if request_id is not None else f"req-{next(self._ids)}"
+            if rid in self._requests:
+                raise ValueError(f"request id {rid!r} is already in use by an unfinished request")
+            if handle.block_size != self.scheduler_config.block_size or handle.num_tokens != len(ids):
+                raise ValueError(f"the handoff of {handle.request_id} does not fit this engine "
+                                 f"(block size {handle.block_size} vs {self.scheduler_config.block_size})")
+            first = int(handle.first_token)
+            arrival = arrival_time or time.monotonic()
+            seq = Sequence(seq_id=rid, prompt_token_ids=list(ids), max_tokens=params.max_tokens,
+                           output_token_ids=[first], arrival_time=arrival,
+                           num_external_tokens=len(ids))
+            self.scheduler.add(seq)
+        except BaseException:
+            self.kv_importer.release(handle)
+            raise
+        state = SamplingState(params=params, prompt_token_ids=ids, eos_token_ids=self._eos,
+                              seed=handle.seed)
+        state.restore_generator(handle.generator_state)
+        state.output_token_ids.append(first)
+        req = _Request(rid, len(ids), state,
+                       IncrementalDetokenizer(self.tokenizer, ids, params.skip_special_tokens),
+                       StopChecker(self.scheduler_config.max_seq_len), RequestMetrics(arrival),
+                       cum_logprob=handle.cum_logprob, kv_handle=handle)
+        # Replay the first token (its text went out from the context side) so the detokenizer and
+        # the stop checker hold exactly the state they would hold co-located.
+        _, req.text = req.stop.check(state, first, req.detok.step([first]))
+        self._requests[rid] = req
+        if params.timeout_s is not None:
+            self._deadlines[rid] = arrival + params.timeout_s
+        return rid
+
+    def poll(self) -> None:
+        """Housekeeping between steps when idle: free handoffs taken or past their deadline."""
+        if self.kv_exporter is not None:
+            self.kv_exporter.poll()
+
+    def close(self) -> None:
+        """Release what outlives the process otherwise (the context phase's shared segment)."""
+        if self.kv_exporter is not None:
+            self.kv_exporter.close()
 
     def _encode(self, prompt: str | list[int]) -> list[int]:
         if isinstance(prompt, str):
@@ -189,10 +283,13 @@ class LLMEngine:
     def step(self) -> list[RequestOutput]:
         """One iteration: schedule → execute → update. Returns this step's outputs."""
         self._expire_deadlines()  # before schedule(): a timed-out request is never scheduled
+        self.poll()
         outputs, self._pending = self._pending, []
         sched = self.scheduler.schedule()
+        if sched.kv_imports:
+            self._import_kv(sched)
         if sched.is_empty:
-            return outputs
+            return outputs + self._drain_pending()
         now = time.monotonic()
         for chunk in sched.chunks:
             m = self._requests[chunk.seq_id].metrics
@@ -223,6 +320,23 @@ class LLMEngine:
                                        "tokens; the request was aborted (send a longer timeout_s "
                                        "or a smaller max_tokens)")
 
+    def _import_kv(self, sched: SchedulerOutput) -> None:
+        """Copy handed-over KV into the blocks the scheduler gave it; a failed import fails that
+        request alone (its chunk leaves the batch)."""
+        failed = set()
+        for imp in sched.kv_imports:
+            req = self._requests.get(imp.seq_id)
+            if req is None or req.kv_handle is None:
+                continue
+            handle, req.kv_handle = req.kv_handle, None
+            try:
+                self.kv_importer.import_into(handle, _kv_tensors(self.executor), imp.block_table)
+            except Exception as exc:  # noqa: BLE001 - expired handle, owner gone: this request only
+                failed.add(imp.seq_id)
+                self.abort(imp.seq_id, "error", f"KV handoff failed: {exc}")
+        if failed:
+            sched.chunks = [c for c in sched.chunks if c.seq_id not in failed]
+
     def _drain_pending(self) -> list[RequestOutput]:
         out, self._pending = self._pending, []
         return out
@@ -250,6 +364,8 @@ class LLMEngine:
         delta = req.detok.step([token])
         reason, text = req.stop.check(req.sampling, token, delta)
         lp = ([logprob[0]], [logprob[1]]) if logprob is not None else (None, None)
+        if reason is None and self.kv_exporter is not None:
+            return self._handoff(req, token, text, lp)
         if reason is None:
             req.text += text
             return RequestOutput(req.request_id, [token], text, list(req.sampling.output_token_ids),
@@ -262,8 +378,30 @@ class LLMEngine:
         out.logprobs, out.top_logprobs = lp
         return out
 
+    def _handoff(self, req: _Request, token: int, text: str, lp: tuple) -> RequestOutput:
+        """Context phase: the prompt is computed and the first token sampled; export the KV and
+        end the request here (its pool blocks are freed; the copy waits in the connector)."""
+        blocks, computed = self.scheduler.kv_blocks(req.request_id)
+        state = req.sampling
+        try:
+            handle = self.kv_exporter.export(
+                req.request_id, blocks[:-(-computed // self.scheduler_config.block_size)], computed,
+                prompt_token_ids=list(state.prompt_token_ids), first_token=token, seed=state.seed,
+                generator_state=state.generator_state(), cum_logprob=req.cum_logprob)
+        except Exception as exc:  # noqa: BLE001 - a full handoff area fails this request only
+            self.scheduler.finish(req.request_id, _STATUS["error"])
+            return self._finish(req, "error", [], "", error=f"KV handoff failed: {exc}")
+        self.scheduler.finish(req.request_id, _STATUS["handoff"])
+        out = self._finish(req, "handoff", [token], text)
+        out.logprobs, out.top_logprobs = lp
+        out.kv_handle = handle
+        return out
+
     def _finish(self, req: _Request, reason: str, new_ids: list[int], text: str,
                 error: str | None = None) -> RequestOutput:
+        if req.kv_handle is not None:  # ended before its handed-over KV was taken
+            self.kv_importer.release(req.kv_handle)
+            req.kv_handle = None
         req.metrics.finished_time = time.monotonic()
         req.text += text
         del self._requests[req.request_id]
@@ -315,8 +453,22 @@ class LLMEngine:
 
     def stats(self) -> EngineStats:
         sched, kv = self.scheduler, self.scheduler.kv_manager
-        return EngineStats(kv.num_used_blocks, kv.num_blocks, sched.num_running, sched.num_waiting,
-                           self.prompt_tokens_total, self.generation_tokens_total,
-                           sched.num_preemptions, kv.num_queried_tokens, kv.num_hit_tokens,
-                           self.requests_refused_total, self.requests_timed_out_total)
+        stats = EngineStats(kv.num_used_blocks, kv.num_blocks, sched.num_running, sched.num_waiting,
+                            self.prompt_tokens_total, self.generation_tokens_total,
+                            sched.num_preemptions, kv.num_queried_tokens, kv.num_hit_tokens,
+                            self.requests_refused_total, self.requests_timed_out_total)
+        conn = self.kv_exporter or self.kv_importer
+        if conn is not None:
+            stats.kv_handoffs_total = conn.handoffs_done
+            stats.kv_handoff_bytes_total = conn.bytes_total
+            stats.kv_handoff_seconds_total = conn.seconds_total
+        if self.kv_exporter is not None:
+            stats.kv_handoffs_expired_total = self.kv_exporter.handoffs_expired
+            stats.kv_handoff_blocks_held = self.kv_exporter.blocks_held
+        return stats
 
+
+
+def _kv_tensors(executor: Any) -> list[torch.Tensor]:
+    """Every tensor of the executor's KV pools with a block axis at dim 1 (what a handoff copies)."""
+    return list(executor.kv_caches) + list(getattr(executor, "kv_scales", None) or [])

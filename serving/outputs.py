@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from typing import Any
 
 
 @dataclass
@@ -51,3 +52,6 @@ class RequestOutput:
     error: str | None = None
     stop_reason: str | int | None = None
     """The stop string or stop token that finished the request."""
+    kv_handle: Any = None
+    """Context phase only (finish_reason "handoff"): the KVHandle the generation phase continues
+    from."""

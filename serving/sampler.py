@@ -64,6 +64,19 @@ class SamplingState:
             self._generator.manual_seed(self.seed)
         return self._generator
 
+    def generator_state(self) -> str | None:
+        """The generator's state (hex) if it has drawn numbers, for a KV handoff; else None."""
+        if self._generator is None or self._generator.device.type != "cpu":
+            return None  # a CUDA generator restarts from the seed on the other side
+        return bytes(self._generator.get_state().tolist()).hex()
+
+    def restore_generator(self, state: str | None) -> None:
+        """Continue the random stream of another engine (`generator_state()` there)."""
+        if state is None:
+            return
+        self._generator = torch.Generator(device="cpu")
+        self._generator.set_state(torch.tensor(list(bytes.fromhex(state)), dtype=torch.uint8))
+
     @property
     def min_tokens_pending(self) -> bool:
         """True while fewer than ``min_tokens`` tokens have been generated."""

@@ -30,7 +30,7 @@ from collections import deque
 from dataclasses import dataclass, field
 
 from trtforge.serving.core.config import SchedulerConfig
-from trtforge.serving.core.kv_cache_manager import KVCacheManager
+from trtforge.serving.core.kv_cache_manager import KVCacheManager, PrefixHit
 from trtforge.serving.core.sequence import SeqId, Sequence, SequenceStatus
 
 
@@ -63,6 +63,17 @@ class ScheduledChunk:
 
 
 @dataclass
+class KVImport:
+    """KV that arrives from outside (a handoff): fill these blocks before the step runs."""
+
+    seq_id: SeqId
+    num_tokens: int
+    """Positions [0, num_tokens) of the sequence."""
+    block_table: list[int]
+    """The blocks that hold them, in order (a copy)."""
+
+
+@dataclass
 class SchedulerOutput:
     """The batch of one iteration."""
 
@@ -72,6 +83,8 @@ class SchedulerOutput:
     """Ids of the sequences preempted in this step (their KV is gone; they wait to be recomputed)."""
     num_batched_tokens: int = 0
     """Sum of the chunks' num_tokens."""
+    kv_imports: list[KVImport] = field(default_factory=list)
+    """Sequences admitted with external KV (num_external_tokens): the engine copies it in first."""
 
     @property
     def is_empty(self) -> bool:
@@ -102,6 +115,7 @@ class Scheduler:
         self._counter = itertools.count()
         self._watermark_blocks = int(config.kv_watermark * config.num_blocks)
         self._chunk_cap = config.prefill_chunk_size or config.max_num_tokens
+        self._imports: list[KVImport] = []  # admitted this step with external KV
         self.num_preemptions = 0
         """Preemptions since start (max_utilization only); the one count of them (EngineStats reads
         it)."""
@@ -144,6 +158,9 @@ class Scheduler:
                 f"request {seq.seq_id}: prompt of {n_prompt} tokens is too long for max_seq_len="
                 f"{cfg.max_seq_len} (at most {cfg.max_seq_len - 1} prompt tokens, leaving room for "
                 f"one generated token); shorten the prompt or rebuild with a larger max_seq_len")
+        if not 0 <= seq.num_external_tokens < seq.num_tokens:
+            raise ValueError(f"request {seq.seq_id}: num_external_tokens={seq.num_external_tokens} "
+                             f"must be below its {seq.num_tokens} tokens (the last is computed here)")
         if seq.max_tokens < 1 or seq.num_output_tokens >= seq.max_tokens:
             raise ValueError(f"request {seq.seq_id}: max_tokens={seq.max_tokens} is invalid: must be "
                              f">= 1 and more than the {seq.num_output_tokens} tokens already generated")
@@ -206,7 +223,8 @@ class Scheduler:
         if not preempted:  # admitting while evicting would only cause more evictions
             self._schedule_waiting(budget, prefills)
         chunks = decodes + prefills
-        return SchedulerOutput(chunks, preempted, sum(c.num_tokens for c in chunks))
+        imports, self._imports = self._imports, []
+        return SchedulerOutput(chunks, preempted, sum(c.num_tokens for c in chunks), imports)
 
     def _check_running_not_done(self) -> None:
         for seq in self._running:
@@ -304,6 +322,8 @@ class Scheduler:
 
     def _try_admit(self, seq: Sequence, budget: _Budget, prefills: list) -> bool:
         kv = self.kv_manager
+        if seq.num_external_tokens:
+            return self._try_admit_external(seq, budget, prefills)
         hit = kv.find_prefix(seq)
         n = self._chunk_len(seq.num_tokens - hit.num_tokens, budget)
         if n == 0:
@@ -322,6 +342,32 @@ class Scheduler:
         seq.status = SequenceStatus.RUNNING
         bisect.insort(self._running, seq, key=lambda s: self._rank[s.seq_id])
         self._emit(seq, n, False, budget, prefills)
+        return True
+
+    def _try_admit_external(self, seq: Sequence, budget: _Budget, prefills: list) -> bool:
+        """Admit a sequence whose first num_external_tokens K/V are handed over: blocks for them
+        plus its remaining tokens (one, in decode), which are computed in this step."""
+        kv, ext = self.kv_manager, seq.num_external_tokens
+        n = seq.num_tokens - ext
+        if n > budget.tokens:
+            return False
+        new_blocks = kv.blocks_for(seq.num_tokens)
+        free_after = kv.num_free_blocks - new_blocks
+        if self.config.policy == "guaranteed_no_evict":
+            if free_after < self._promised_blocks() + self.kv_need_blocks(seq) - new_blocks:
+                return False
+        elif free_after < self._watermark_blocks:
+            return False
+        kv.admit(seq, PrefixHit(block_size=kv.block_size))
+        if not kv.allocate_for(seq, seq.num_tokens):
+            raise RuntimeError("KV admission check passed but allocation failed (accounting bug)")
+        seq.num_computed_tokens = ext
+        seq.num_external_tokens = 0  # a later preemption recomputes everything
+        seq.status = SequenceStatus.RUNNING
+        bisect.insort(self._running, seq, key=lambda s: self._rank[s.seq_id])
+        self._imports.append(KVImport(seq.seq_id, ext, seq.block_table[:kv.blocks_for(ext)]))
+        decode = self._is_decode(seq)
+        self._emit(seq, n, decode, budget, prefills)
         return True
 
     def _promised_blocks(self) -> int:
@@ -347,6 +393,12 @@ class Scheduler:
             if chunk.sample:
                 seq.output_token_ids.append(sampled[seq.seq_id])
             self.kv_manager.cache_full_blocks(seq)
+
+    def kv_blocks(self, seq_id: SeqId) -> tuple[list[int], int]:
+        """(a copy of the block table, computed tokens) of an unfinished sequence: what a KV
+        handoff exports."""
+        seq = self._seqs[seq_id]
+        return list(seq.block_table), seq.num_computed_tokens
 
     def finish(self, seq_id: SeqId, status: SequenceStatus) -> None:
         """Remove a sequence (in any state) and free its blocks."""

@@ -70,6 +70,9 @@ class Sequence:
     """Physical KV block ids, in position order; block i holds positions [i*B, (i+1)*B)."""
     num_cached_prefix_tokens: int = 0
     """Tokens reused from the prefix cache at the latest admission (not recomputed)."""
+    num_external_tokens: int = 0
+    """Leading tokens whose K/V arrive from outside at admission (a KV handoff from a context
+    engine) instead of being computed; 0 once admitted (a preempted sequence recomputes)."""
 
     @property
     def all_token_ids(self) -> list[int]:

@@ -1,0 +1,24 @@
+"""KV connectors: how a finished prefill's KV blocks move from a `context` engine to a
+`generation` engine (disaggregated serving).
+
+One small interface, three verbs:
+
+    context side (owner)                       generation side
+    ─────────────────────                      ───────────────
+    handle = exporter.export(...)   ──handle──▶ importer.import_into(handle, kv_tensors, blocks)
+    exporter.poll()  ◀── "taken" ───────────── (or importer.release(handle) if it never imports)
+      frees what was taken, and what passed its deadline
+
+The handle (`KVHandle`) is plain data (JSON): it travels in the `context_phase_params` tensor of
+the Triton requests, so the two sides may be different processes. It has an owner (the
+exporter that holds its blocks) and a deadline: a handle nobody takes is freed by its owner,
+so no block leaks when a client goes away between the phases or the generation side is gone.
+
+Implementations: `shared_memory` (one host: a /dev/shm segment written by the context process
+and read by the generation process).
+"""
+
+from .handle import HandoffError, KVHandle
+from .shared_memory import SharedMemoryExporter, SharedMemoryImporter
+
+__all__ = ["HandoffError", "KVHandle", "SharedMemoryExporter", "SharedMemoryImporter"]
