@@ -20,10 +20,12 @@ from . import checkpoint as ckpt_mod
 from .architectures import spec_for
 from .build_config import BuildConfig
 from .convert import TORCH_DTYPES, convert
+from .convert_sharded import convert_sharded
 from .engine_dir import EngineConfig, trtforge_version, write_engine_json
 from .errors import BuildError
 from .model_config import ModelConfig
 from .report import BuildReport, make_report
+from .tensor_parallel import check_tensor_parallel, mapping
 
 
 def default_scheduling(build: BuildConfig) -> dict[str, Any]:
@@ -56,13 +58,18 @@ def build_engine(checkpoint: str, output: str | Path, build: BuildConfig, force:
     ckpt_mod.check_tokenizer(src)
     dtype = resolve_dtype(build.dtype, model)
     quant = _quantization(build, model)
+    check_tensor_parallel(model, build.tp_size)
     spec = spec_for([model.architecture])
     output.parent.mkdir(parents=True, exist_ok=True)
     tmp = Path(tempfile.mkdtemp(prefix=f".{output.name}.building-", dir=output.parent))
     try:
         with ckpt_mod.TensorReader(src, allow_pickle=build.allow_pickle) as reader:
-            sizes = convert(model, spec, reader, hf, TORCH_DTYPES[dtype], tmp / "rank0.safetensors",
-                            progress=progress, quant=quant)
+            if build.tp_size > 1:
+                sizes = convert_sharded(model, spec, reader, hf, TORCH_DTYPES[dtype], tmp, build.tp_size,
+                                        progress=progress)
+            else:
+                sizes = convert(model, spec, reader, hf, TORCH_DTYPES[dtype], tmp / "rank0.safetensors",
+                                progress=progress, quant=quant)
         for f in ckpt_mod.tokenizer_files(src):
             shutil.copy2(f, tmp / f.name)
         report = make_report(model, build, dtype, sizes["parameters"], sizes["weight_bytes"],
@@ -75,7 +82,9 @@ def build_engine(checkpoint: str, output: str | Path, build: BuildConfig, force:
         cfg = EngineConfig(model=model, build=build.to_dict(), dtype=dtype, backend=build.backend, quantization=quant,
                            scheduling={**default_scheduling(build), **(scheduling or {})},
                            versions={"trtforge": trtforge_version(), "torch": torch.__version__,
-                                     "transformers": _transformers_version(), "tensorrt": None})
+                                     "transformers": _transformers_version(), "tensorrt": None},
+                           tp_size=build.tp_size,
+                           tensor_parallel=mapping(model, build.tp_size) if build.tp_size > 1 else None)
         if on_tmp_dir is not None:
             on_tmp_dir(tmp, cfg)
         _finish_report(report, start)

@@ -10,6 +10,7 @@ from .errors import BuildError
 BACKENDS = ("torch", "tensorrt", "trtllm")  # the ones that exist; `build-engine --backend` offers exactly these
 DTYPES = ("auto", "float32", "float16", "bfloat16")
 QUANTIZATIONS = ("none", "int8_wo", "int4_wo")
+KV_CACHE_DTYPES = ("auto", "int8")
 DTYPE_BYTES = {"float32": 4, "float16": 2, "bfloat16": 2}
 _UNITS = {"": 1, "B": 1, "KB": 10**3, "MB": 10**6, "GB": 10**9, "TB": 10**12,
           "KIB": 2**10, "MIB": 2**20, "GIB": 2**30, "TIB": 2**40}
@@ -43,15 +44,22 @@ class BuildConfig:
     """Tokens per KV-cache block (page)."""
     kv_cache_memory: str = "2GiB"
     """Memory given to the paged KV cache, e.g. 4GiB; decides how many blocks exist."""
+    kv_cache_dtype: str = "auto"
+    """KV cache storage: auto (the model dtype) | int8 (symmetric int8 with one float32 scale per token and KV head, written by the attention op and dequantised when read: per token 2·layers·kv_heads·(head_dim + 4) bytes, so the same --kv-cache-memory holds 4D/(D+4) ≈ 3.8x the blocks of float32, 2D/(D+4) ≈ 1.9x those of bfloat16/float16). torch backend, CPU only."""
     quantization: str = "none"
     """Weight-only quantisation of the decoder's linear layers (fused q/k/v, o, gate/up, down): none | int8_wo (int8, one float32 scale per output channel) | int4_wo (int4 packed two per byte, one float32 scale per --group-size inputs). Embeddings, the LM head, norms and biases stay in --dtype. torch backend only."""
     group_size: int = 128
     """Inputs sharing one int4_wo scale; must be even and divide every quantized layer's in_features (multiples of 8 use the C kernels)."""
     allow_pickle: bool = False
     """Accept pickled .bin weights (loaded with torch.load(weights_only=True)). Off: only safetensors."""
+    tp_size: int = 1
+    """Tensor-parallel ranks: rank{r}.safetensors per rank, Megatron-style splits, run on torch.distributed (docs/scale-out.md). Torch backend, unquantized only."""
 
     def to_dict(self) -> dict:
-        return asdict(self)
+        d = asdict(self)
+        if d["tp_size"] == 1:  # engine.json of a single-rank engine stays as it was before tensor parallelism
+            del d["tp_size"]
+        return d
 
     @property
     def kv_cache_bytes(self) -> int:
@@ -64,6 +72,7 @@ class BuildConfig:
         if self.dtype not in DTYPES:
             raise BuildError(f"--dtype {self.dtype!r} is unknown: choose one of {', '.join(DTYPES)}.")
         self.check_quantization_options()
+        self.check_tp_options()
         limit = min(max_position_embeddings, sliding_window or max_position_embeddings)
         if self.max_seq_len is None:
             self.max_seq_len = limit
@@ -95,6 +104,29 @@ class BuildConfig:
         if self.quantization == "int4_wo" and (self.group_size < 2 or self.group_size % 2):
             raise BuildError(f"--group-size {self.group_size} cannot pack int4 two per byte: choose an even "
                              f"size ≥ 2 that divides the layers' in_features (usually 128, 64 or 32).")
+
+    def check_tp_options(self) -> None:
+        """--tp-size against the backend and quantisation (the model's shapes: tensor_parallel.py)."""
+        if self.tp_size < 1:
+            raise BuildError(f"--tp-size must be ≥ 1, got {self.tp_size}.")
+        if self.tp_size > 1 and self.backend != "torch":
+            raise BuildError(f"--tp-size {self.tp_size} is not supported with --backend {self.backend}: trtforge's "
+                             f"tensor parallelism shards the torch backend's weights only. Build with --backend torch, "
+                             f"or without --tp-size.")
+        if self.tp_size > 1 and self.quantization != "none":
+            raise BuildError(f"--tp-size {self.tp_size} with --quantization {self.quantization} is not supported yet: "
+                             f"sharded engines hold unquantized weights. Drop one of the two options.")
+
+    def check_kv_cache_dtype(self) -> None:
+        """--kv-cache-dtype on its own and against the backend (before any model is read)."""
+        if self.kv_cache_dtype not in KV_CACHE_DTYPES:
+            raise BuildError(f"--kv-cache-dtype {self.kv_cache_dtype!r} is unknown: choose one of "
+                             f"{', '.join(KV_CACHE_DTYPES)}.")
+        if self.kv_cache_dtype == "int8" and self.backend != "torch":
+            raise BuildError(f"--kv-cache-dtype int8 is not supported with --backend {self.backend}: its int8 "
+                             f"KV pool and scales are read by trtforge's torch attention implementations only "
+                             f"(not the TensorRT plugin or TensorRT-LLM). Build with --backend torch, or without "
+                             f"--kv-cache-dtype.")
 
     def check_quantization_shapes(self, in_features: dict[str, int]) -> None:
         """int4_wo: every quantized layer's in_features ({layer: in_features}) must split into whole groups."""

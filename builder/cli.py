@@ -56,6 +56,7 @@ def build_engine(checkpoint: str, output: str, force: bool, triton_repo: str | N
     try:
         build = BuildConfig(**pick(BuildConfig, options))
         build.check_quantization_options()  # before a backend hook looks for TensorRT
+        build.check_tp_options()
         scheduling = _validated_schedule(_parse_schedule(schedule), build)
         out, cfg = run_build(checkpoint, output, build, force=force, scheduling=scheduling,
                              progress=not quiet, on_tmp_dir=_backend_hook(build, checkpoint))

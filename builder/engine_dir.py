@@ -3,6 +3,7 @@
     ENGINE_DIR/
       engine.json            schema, versions, model, build limits, scheduling defaults, report, sha256s
       rank0.safetensors      converted weights (torch backend)   | rank0.engine + rank0.onnx (tensorrt)
+      rank1.safetensors, …   the other tensor-parallel ranks' shards (--tp-size N; tensor_parallel.py)
       tokenizer.json, …      copied from the checkpoint so the directory is self-contained
 
 Loading checks the schema, the versions and every checksum, and says what differs and how to rebuild
@@ -62,10 +63,14 @@ class EngineConfig:
     """Weight-only quantisation (build-engine --quantization): scheme, group_size, layers, scales_dtype; None: none."""
     tp_size: int = 1
     schema_version: int = SCHEMA_VERSION
+    tensor_parallel: dict[str, Any] | None = None
+    """tp_size > 1: what each rank{r}.safetensors holds (builder/tensor_parallel.py `mapping`); absent at tp 1."""
 
     def to_json(self) -> str:
         d = dict(self.__dict__)
         d["model"] = self.model.to_dict()
+        if d["tensor_parallel"] is None:  # a single-rank engine.json keeps its keys
+            del d["tensor_parallel"]
         return json.dumps(d, indent=2, sort_keys=False)
 
     @classmethod

@@ -12,18 +12,24 @@ from .engine_dir import EngineConfig
 from .errors import EngineLoadError
 from .network import CausalLM
 from .skip_init import build_on_meta, still_on_meta
+from .tensor_parallel import shard_of
 
 
-def load_network(directory: str | Path, cfg: EngineConfig, device: str | torch.device = "cpu") -> CausalLM:
+def load_network(directory: str | Path, cfg: EngineConfig, device: str | torch.device = "cpu",
+                 rank: int = 0) -> CausalLM:
+    """The network of tensor-parallel rank `rank` (the whole model when tp_size is 1); on its own it
+    computes partial sums: the runtime attaches the collectives (serving/worker/tp_executor.py)."""
     from safetensors.torch import load_file
 
-    weights = Path(directory) / "rank0.safetensors"
+    if not 0 <= rank < cfg.tp_size:
+        raise EngineLoadError(f"rank {rank} does not exist in {directory}: the engine has tp_size {cfg.tp_size}.")
+    weights = Path(directory) / f"rank{rank}.safetensors"
     if not weights.is_file():
-        raise EngineLoadError(f"{directory} has no rank0.safetensors (backend {cfg.backend!r}); the torch "
+        raise EngineLoadError(f"{directory} has no {weights.name} (backend {cfg.backend!r}); the torch "
                               f"runtime needs the torch backend's weights.")
     # Built on meta without initialisation, then the file's tensors assigned: on CPU they stay
     # mapped from the page cache (safetensors maps the file), so loading copies nothing.
-    model = build_on_meta(lambda: _network(cfg))
+    model = build_on_meta(lambda: _network(cfg, rank))
     state = load_file(str(weights), device=str(device))
     missing, unexpected = model.load_state_dict(state, strict=False, assign=True)
     missing = sorted(set(missing) | set(still_on_meta(model)))  # e.g. a buffer the file lacks
@@ -33,8 +39,9 @@ def load_network(directory: str | Path, cfg: EngineConfig, device: str | torch.d
     return model.eval()
 
 
-def _network(cfg: EngineConfig) -> CausalLM:
-    network = CausalLM(cfg.model)
+def _network(cfg: EngineConfig, rank: int = 0) -> CausalLM:
+    shard = shard_of(cfg.model, cfg.tp_size, rank) if cfg.tp_size > 1 else None
+    network = CausalLM(cfg.model, shard)
     if cfg.quantization:  # the decoder's linears hold packed weights and scales (quant_linear.py)
         from .quant_linear import quantize_layers
 

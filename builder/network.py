@@ -22,6 +22,7 @@ from trtforge.plugins.paged_attention.op import eager_impl
 from trtforge.plugins.cpu import fused as cpu_fused
 from .model_config import ModelConfig
 from .rope import apply_rotary, rotary_cos_sin
+from .tensor_parallel import TPShard, local_config
 
 ACTIVATIONS = {
     "silu": F.silu,
@@ -135,6 +136,8 @@ class DecoderLayer(nn.Module):
         self.attn = Attention(cfg)
         self.post_attn_norm = make_norm(cfg, cfg.hidden_size)
         self.mlp = MLP(cfg)
+        self.all_reduce = None
+        """Tensor parallelism: sums the row-parallel o_proj's and down's partial outputs over the ranks."""
 
     def forward(self, x, residual, rope, kv_cache, meta):
         """x: the previous layer's MLP output (the embeddings for layer 0, with residual None);
@@ -142,30 +145,52 @@ class DecoderLayer(nn.Module):
         sum apart lets each add be fused into the norm that follows it (vLLM's fused_add_rms_norm)."""
         h, residual = self.input_norm.add_norm(x, residual)
         h = self.attn(h, rope, kv_cache, meta)
+        if self.all_reduce is not None:
+            h = self.all_reduce(h)
         h, residual = self.post_attn_norm.add_norm(h, residual)
-        return self.mlp(h), residual
+        h = self.mlp(h)
+        return (h if self.all_reduce is None else self.all_reduce(h)), residual
 
 
 class CausalLM(nn.Module):
-    """Embeddings → N decoder layers → final norm → LM head, for one packed batch of tokens."""
+    """Embeddings → N decoder layers → final norm → LM head, for one packed batch of tokens.
 
-    def __init__(self, cfg: ModelConfig):
+    With `shard` (tensor parallelism, tensor_parallel.py) it is one rank's part: its heads and MLP
+    slice in every layer, the LM head of its vocabulary slice; `attach_collectives` gives it the
+    all-reduce and the logits' all-gather."""
+
+    def __init__(self, cfg: ModelConfig, shard: TPShard | None = None):
         super().__init__()
         self.cfg = cfg
+        self.shard = shard
+        self.gather_vocab = None
         self.embed_tokens = nn.Embedding(cfg.vocab_size, cfg.hidden_size)
         if cfg.position == "learned":
             self.pos_embed = nn.Embedding(cfg.max_position_embeddings, cfg.hidden_size)
         else:
             self.register_buffer("rope_inv_freq", torch.zeros(cfg.head_dim // 2), persistent=True)
-        self.layers = nn.ModuleList(DecoderLayer(cfg) for _ in range(cfg.num_layers))
+        layer_cfg = cfg if shard is None else local_config(cfg, shard)
+        self.layers = nn.ModuleList(DecoderLayer(layer_cfg) for _ in range(cfg.num_layers))
         self.final_norm = make_norm(cfg, cfg.hidden_size)
         if not cfg.tie_word_embeddings:
-            self.lm_head = nn.Linear(cfg.hidden_size, cfg.vocab_size, bias=False)
+            vocab = cfg.vocab_size if shard is None else shard.vocab_size
+            self.lm_head = nn.Linear(cfg.hidden_size, vocab, bias=False)
         self.head_linear: nn.Module | None = None
         """Set by plugins/cpu/linear.py: the LM head as a CPU linear (C GEMV / oneDNN)."""
 
     def lm_head_weight(self) -> torch.Tensor:
-        return self.embed_tokens.weight if self.cfg.tie_word_embeddings else self.lm_head.weight
+        if not self.cfg.tie_word_embeddings:
+            return self.lm_head.weight
+        if self.shard is None:
+            return self.embed_tokens.weight
+        return self.embed_tokens.weight[self.shard.vocab[0]:self.shard.vocab[1]]  # rows: a contiguous view
+
+    def attach_collectives(self, all_reduce, gather_vocab) -> None:
+        """Tensor parallelism: `all_reduce(t)` sums t over the ranks (returns the sum);
+        `gather_vocab(logits)` turns this rank's [S', V/tp] logits into the whole [S', V]."""
+        for layer in self.layers:
+            layer.all_reduce = all_reduce
+        self.gather_vocab = gather_vocab
 
     def forward(self, input_ids: torch.Tensor, positions: torch.Tensor,
                 kv_caches: list[torch.Tensor], meta: AttentionMetadata,
@@ -184,5 +209,7 @@ class CausalLM(nn.Module):
         # [S', H]: only rows whose logits are needed
         x, _ = self.final_norm.add_norm(x[logits_indices], residual[logits_indices])
         if self.head_linear is not None:
-            return self.head_linear(x).float()  # [S', V]
-        return F.linear(x, self.lm_head_weight()).float()  # [S', V]
+            logits = self.head_linear(x).float()  # [S', V] (this rank's slice of V with a shard)
+        else:
+            logits = F.linear(x, self.lm_head_weight()).float()
+        return logits if self.gather_vocab is None else self.gather_vocab(logits)

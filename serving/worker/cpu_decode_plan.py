@@ -73,6 +73,8 @@ class CpuDecodePlan:
         if c is None or not hasattr(network, "layers") or kv_caches[0].dtype != torch.float32 \
                 or kv_caches[0].device.type != "cpu":
             return None
+        if getattr(network, "shard", None) is not None:  # a tensor-parallel rank: no place for the all-reduce
+            return None
         llama_style = (c.norm == "rms" and c.gated_mlp and c.activation == "silu" and c.position == "rope"
                        and not c.qk_norm)
         linears = [network.head_linear] + [m for layer in network.layers

@@ -99,6 +99,13 @@ def _quantization(network: Any) -> str | None:
 def make_executor(engine_dir: str, cfg: EngineConfig, num_blocks: int, device: str | torch.device,
                   cuda_graph_batch_sizes: tuple[int, ...] = ()) -> Executor:
     """The executor engine.json's backend asks for (TensorRT explains what is missing when it can't load)."""
+    if cfg.tp_size > 1:  # rank 0 of several (docs/scale-out.md); it starts or waits for the others
+        if cuda_graph_batch_sizes:
+            raise ValueError("CUDA graphs are not supported with tensor parallelism (tp_size > 1) yet: run "
+                             "without --cuda-graphs.")
+        from .tp_executor import TensorParallelExecutor
+
+        return TensorParallelExecutor(engine_dir, cfg, num_blocks, device)
     if cfg.backend == "tensorrt":
         from .trt_executor import TensorRTNetwork
 

@@ -1,0 +1,155 @@
+"""Rank 0 of a tensor-parallel engine: the same Executor as at tp 1, so engine.py's loop is unchanged.
+
+    LLMEngine.step ─▶ prepare_inputs ─▶ TensorParallelExecutor.execute(inputs)
+                                            │ broadcast the step (tp_comm: int64 header + body)
+                                            ├─▶ rank 1..N-1: tp_worker loop, same step on their shards
+                                            ▼
+                                        rank 0's shard ─ all-reduce ×2 per layer ─ all-gather logits ─▶ logits
+
+The scheduler, the sampler and the detokenizer stay in this process. It starts the ranks of its
+own host (tp_launch.py); ranks on other hosts join at MASTER_ADDR:MASTER_PORT. A rank that dies
+makes the next step raise TensorParallelError naming it (gloo sees the closed connection; a silent
+peer hits the group's timeout); the engine fails that step's requests with the message, and every
+later step too: a broken group is not repaired, the engine must be restarted. While idle, a PING
+every timeout/5 seconds keeps the waiting ranks inside their timeout. `close()` (also at exit)
+sends STOP and waits for the ranks it started.
+"""
+
+from __future__ import annotations
+
+import atexit
+import os
+import threading
+import time
+
+import torch
+import torch.distributed as dist
+
+from trtforge.builder.engine_dir import EngineConfig
+
+from . import tp_comm
+from .model_inputs import ModelInputs
+from .tp_launch import THREADS_ENV, Launch, LaunchError, launch_from_env, open_store, spawn_ranks, stop_children, \
+    wait_for_ranks
+from .tp_rank import load_rank
+
+
+class TensorParallelError(RuntimeError):
+    """The tensor-parallel group broke (a rank died or stopped answering)."""
+
+
+def cpu_threads(launch: Launch) -> int:
+    """This host's cores divided among the ranks that run on it (TRTFORGE_TP_THREADS overrides)."""
+    if os.environ.get(THREADS_ENV):
+        return max(1, int(os.environ[THREADS_ENV]))
+    cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
+    return max(1, cores // launch.local_ranks)
+
+
+def rank_device(device: str | torch.device, local_rank: int) -> torch.device:
+    device = torch.device(device)
+    if device.type == "cuda":
+        device = torch.device("cuda", local_rank if device.index is None else device.index + local_rank)
+        torch.cuda.set_device(device)
+    return device
+
+
+class TensorParallelExecutor:
+    def __init__(self, engine_dir: str, cfg: EngineConfig, num_blocks: int, device: str | torch.device = "cpu"):
+        self.tp_size = cfg.tp_size
+        launch = launch_from_env(cfg.tp_size)
+        if launch.rank != 0:
+            raise LaunchError(f"this process is rank {launch.rank} (NODE_RANK/RANK in the environment); rank 0 runs "
+                              f"`trtforge generate`, the benchmarks or the Triton model, the others `trtforge "
+                              f"tp-worker {engine_dir}`.")
+        self.device = rank_device(device, launch.local_rank)
+        threads = cpu_threads(launch) if self.device.type == "cpu" else None
+        if threads:
+            torch.set_num_threads(min(torch.get_num_threads(), threads))
+        self.launch = launch
+        self._lock = threading.Lock()
+        self._broken: str | None = None
+        self._closed = False
+        store = open_store(launch)
+        self.children = spawn_ranks(launch, engine_dir, str(device), threads)
+        try:
+            wait_for_ranks(store, launch, self.children)
+            tp_comm.join_group(store, 0, launch.world_size, self.device)
+            tp_comm.send(tp_comm.INIT, self.device, fields=(num_blocks, tp_comm.engine_identity(cfg)))
+            self.local, self.collectives = load_rank(engine_dir, cfg, 0, num_blocks, self.device)
+        except BaseException:
+            self._abandon()
+            raise
+        self._store = store  # rank 0 hosts it: it lives as long as the group
+        self._last = time.monotonic()
+        self._pinger = threading.Thread(target=self._ping_loop, name="trtforge-tp-ping", daemon=True)
+        self._pinger.start()
+        atexit.register(self.close)
+
+    def describe(self) -> str:
+        where = f"{len(self.children) + 1} on this host" if self.children else "on several hosts"
+        return (f"tensor parallel: {self.tp_size} ranks ({where}, {tp_comm.backend_for(self.device)}); "
+                f"rank 0: {self.local.describe()}")
+
+    def execute(self, inputs: ModelInputs) -> torch.Tensor:
+        with self._lock:
+            if self._broken:
+                raise TensorParallelError(self._broken)
+            if self._closed:
+                raise TensorParallelError("the tensor-parallel engine was closed.")
+            try:
+                body, fields = tp_comm.encode_step(inputs)
+                tp_comm.send(tp_comm.STEP, self.device, body.to(self.device), fields)
+                logits = self.local.execute(inputs)
+            except RuntimeError as exc:
+                raise TensorParallelError(self._break(exc)) from exc
+            self._last = time.monotonic()
+            return logits
+
+    def _break(self, exc: BaseException) -> str:
+        time.sleep(0.2)  # a dying rank's exit code is known a moment after its connection closed
+        dead = [c.describe_exit() for c in self.children if c.process.poll() is not None]
+        self._broken = (f"the tensor-parallel group of {self.tp_size} ranks broke: "
+                        + ("; ".join(dead) if dead else f"{type(exc).__name__}: {exc}")
+                        + ". Restart the engine (every rank).")
+        return self._broken
+
+    def _ping_loop(self) -> None:
+        interval = tp_comm.timeout_s() / 5
+        while True:
+            time.sleep(min(interval, 5.0))
+            with self._lock:
+                if self._closed or self._broken:
+                    return
+                if time.monotonic() - self._last < interval:
+                    continue
+                try:
+                    tp_comm.send(tp_comm.PING, self.device)
+                except RuntimeError as exc:
+                    self._break(exc)
+                    return
+                self._last = time.monotonic()
+
+    def close(self) -> None:
+        """Stop the other ranks (STOP message), wait for those this process started, leave the group."""
+        with self._lock:
+            if self._closed:
+                return
+            self._closed = True
+            if not self._broken:
+                try:
+                    tp_comm.send(tp_comm.STOP, self.device)
+                except RuntimeError:
+                    pass
+        stop_children(self.children)
+        if dist.is_initialized():
+            dist.destroy_process_group()
+        atexit.unregister(self.close)
+
+    def _abandon(self) -> None:
+        for c in self.children:
+            if c.process.poll() is None:
+                c.process.kill()
+            c.process.wait()
+        if dist.is_initialized():
+            dist.destroy_process_group()
