@@ -10,7 +10,7 @@ from typing import Any
 
 import click
 
-from .build_config import BACKENDS, QUANTIZATIONS, BuildConfig
+from .build_config import BACKENDS, KV_CACHE_DTYPES, QUANTIZATIONS, BuildConfig
 from .config_docs import dataclass_options, pick
 from .errors import BuildError
 
@@ -47,7 +47,8 @@ def _backend_hook(build: BuildConfig, checkpoint: str) -> Any:
 @click.option("--schedule", multiple=True, metavar="KEY=VALUE",
               help="Default scheduler parameter stored in engine.json (see `trtforge emit-repo --help`).")
 @click.option("--quiet", "-q", is_flag=True, help="No progress bar or report.")
-@dataclass_options(BuildConfig, choices={"backend": BACKENDS, "quantization": QUANTIZATIONS})
+@dataclass_options(BuildConfig, choices={"backend": BACKENDS, "quantization": QUANTIZATIONS,
+                                         "kv_cache_dtype": KV_CACHE_DTYPES})
 def build_engine(checkpoint: str, output: str, force: bool, triton_repo: str | None,
                  schedule: tuple[str, ...], quiet: bool, **options: Any) -> None:
     """Convert a Hugging Face CHECKPOINT (local directory or hub id) into a trtforge engine."""
@@ -56,6 +57,7 @@ def build_engine(checkpoint: str, output: str, force: bool, triton_repo: str | N
     try:
         build = BuildConfig(**pick(BuildConfig, options))
         build.check_quantization_options()  # before a backend hook looks for TensorRT
+        build.check_kv_cache_dtype()
         build.check_tp_options()
         scheduling = _validated_schedule(_parse_schedule(schedule), build)
         out, cfg = run_build(checkpoint, output, build, force=force, scheduling=scheduling,

@@ -87,6 +87,11 @@ class EngineConfig:
     def block_size(self) -> int:
         return int(self.build["kv_block_size"])
 
+    @property
+    def kv_cache_dtype(self) -> str:
+        """"int8" (--kv-cache-dtype int8) or the model dtype (engines built before the option: the latter)."""
+        return "int8" if self.build.get("kv_cache_dtype") == "int8" else self.dtype
+
 
 def write_engine_json(directory: Path, cfg: EngineConfig) -> None:
     cfg.files = {p.name: sha256(p) for p in sorted(directory.iterdir())

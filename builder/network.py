@@ -89,7 +89,9 @@ class Attention(nn.Module):
         self.scale = cfg.head_dim ** -0.5
 
     def forward(self, x: torch.Tensor, rope: tuple[torch.Tensor, torch.Tensor] | None,
-                kv_cache: torch.Tensor, meta: AttentionMetadata) -> torch.Tensor:
+                kv_cache: torch.Tensor, meta: AttentionMetadata,
+                kv_scales: torch.Tensor | None = None) -> torch.Tensor:
+        """kv_scales: int8 KV (--kv-cache-dtype int8): kv_cache is int8 and these its scales."""
         c = self.cfg
         t, hq, hkv = x.shape[0], c.num_heads, c.num_kv_heads
         qkv = self.qkv(x).view(t, hq + 2 * hkv, c.head_dim)  # heads of q, then k, then v
@@ -101,9 +103,12 @@ class Attention(nn.Module):
         elif rope is not None and not cpu_fused.rope_heads_(qkv, *rope, hq + hkv):  # float32 CPU: in place
             qk = apply_rotary(qkv[:, :hq + hkv], *rope)  # q and k heads rotated in one pass
             q, k = qk[:, :hq], qk[:, hq:]  # [T, Hq, D], [T, Hkv, D]
-        out = eager_impl(q)(  # torch.ops.trtforge.paged_attention (or its implementation, in eager mode)
-            q, k.contiguous(), v.contiguous(), kv_cache, meta.slot_mapping, meta.block_tables,
-            meta.seq_lens, meta.query_start_loc, self.scale)  # [T, Hq, D]
+        args = (q, k.contiguous(), v.contiguous(), kv_cache, meta.slot_mapping, meta.block_tables,
+                meta.seq_lens, meta.query_start_loc, self.scale)
+        if kv_scales is None:  # torch.ops.trtforge.paged_attention (or its implementation, in eager mode)
+            out = eager_impl(q)(*args)  # [T, Hq, D]
+        else:  # torch.ops.trtforge.paged_attention_int8kv
+            out = eager_impl(q, int8_kv=True)(*args, kv_scales)
         return self.o_proj(out.reshape(t, c.q_size))
 
 
@@ -139,12 +144,12 @@ class DecoderLayer(nn.Module):
         self.all_reduce = None
         """Tensor parallelism: sums the row-parallel o_proj's and down's partial outputs over the ranks."""
 
-    def forward(self, x, residual, rope, kv_cache, meta):
+    def forward(self, x, residual, rope, kv_cache, meta, kv_scales=None):
         """x: the previous layer's MLP output (the embeddings for layer 0, with residual None);
         returns this layer's MLP output and the residual stream before it. Keeping the residual
         sum apart lets each add be fused into the norm that follows it (vLLM's fused_add_rms_norm)."""
         h, residual = self.input_norm.add_norm(x, residual)
-        h = self.attn(h, rope, kv_cache, meta)
+        h = self.attn(h, rope, kv_cache, meta, kv_scales)
         if self.all_reduce is not None:
             h = self.all_reduce(h)
         h, residual = self.post_attn_norm.add_norm(h, residual)
@@ -194,8 +199,9 @@ class CausalLM(nn.Module):
 
     def forward(self, input_ids: torch.Tensor, positions: torch.Tensor,
                 kv_caches: list[torch.Tensor], meta: AttentionMetadata,
-                logits_indices: torch.Tensor) -> torch.Tensor:
-        """input_ids/positions int64 [T]; returns float32 logits [len(logits_indices), V]."""
+                logits_indices: torch.Tensor, kv_scales: list[torch.Tensor] | None = None) -> torch.Tensor:
+        """input_ids/positions int64 [T]; returns float32 logits [len(logits_indices), V].
+        kv_scales: per layer, the scales of its int8 KV pool (--kv-cache-dtype int8), else None."""
         x = self.embed_tokens(input_ids)  # [T, H]
         rope = None
         if self.cfg.position == "learned":
@@ -204,8 +210,8 @@ class CausalLM(nn.Module):
             rope = rotary_cos_sin(positions, self.rope_inv_freq, self.cfg.rope_attention_scaling,
                                   x.dtype)
         residual = None
-        for layer, kv_cache in zip(self.layers, kv_caches):
-            x, residual = layer(x, residual, rope, kv_cache, meta)
+        for i, (layer, kv_cache) in enumerate(zip(self.layers, kv_caches)):
+            x, residual = layer(x, residual, rope, kv_cache, meta, None if kv_scales is None else kv_scales[i])
         # [S', H]: only rows whose logits are needed
         x, _ = self.final_norm.add_norm(x[logits_indices], residual[logits_indices])
         if self.head_linear is not None:

@@ -8,15 +8,19 @@ from .build_config import DTYPE_BYTES, BuildConfig
 from .model_config import ModelConfig
 
 
-def kv_bytes_per_token(cfg: ModelConfig, dtype: str) -> int:
-    """2 (K and V) × layers × kv_heads × head_dim × dtype bytes. Llama-2-7B fp16: 512 KiB."""
-    return 2 * cfg.num_layers * cfg.num_kv_heads * cfg.head_dim * DTYPE_BYTES[dtype]
+def kv_bytes_per_token(cfg: ModelConfig, dtype: str, kv_cache_dtype: str | None = None) -> int:
+    """2 (K and V) × layers × kv_heads × head_dim × dtype bytes. Llama-2-7B fp16: 512 KiB.
+    kv_cache_dtype "int8" (--kv-cache-dtype): head_dim int8 bytes + one float32 scale per token,
+    layer, kv head and K/V; None / "auto": the model dtype."""
+    per_head = cfg.head_dim + 4 if kv_cache_dtype == "int8" else cfg.head_dim * DTYPE_BYTES[dtype]
+    return 2 * cfg.num_layers * cfg.num_kv_heads * per_head
 
 
-def kv_num_blocks(cfg: ModelConfig, dtype: str, block_size: int, kv_cache_bytes: int) -> int:
+def kv_num_blocks(cfg: ModelConfig, dtype: str, block_size: int, kv_cache_bytes: int,
+                  kv_cache_dtype: str | None = None) -> int:
     """Whole KV blocks of `block_size` tokens that `kv_cache_bytes` of memory holds: what the
-    build reports and what the runtime allocates."""
-    return kv_cache_bytes // (kv_bytes_per_token(cfg, dtype) * block_size)
+    build reports and what the runtime allocates (int8 KV: values and scales counted)."""
+    return kv_cache_bytes // (kv_bytes_per_token(cfg, dtype, kv_cache_dtype) * block_size)
 
 
 @dataclass
@@ -36,6 +40,8 @@ class BuildReport:
     """Weight-only scheme of the decoder's linear layers, or None."""
     weight_bytes_unquantized: int = 0
     """What the same weights take unquantized, in the engine dtype (= weight_bytes when not quantized)."""
+    kv_cache_dtype: str = ""
+    """int8 (--kv-cache-dtype int8: int8 values + float32 scales per token and head), or the model dtype."""
 
     def to_dict(self) -> dict:
         return asdict(self)
@@ -47,7 +53,8 @@ class BuildReport:
             f"weights               {self.weight_bytes / gib:.3f} GiB" + (
                 f" ({self.quantization}; {self.weight_bytes_unquantized / gib:.3f} GiB before, "
                 f"{self.weight_bytes_unquantized / max(self.weight_bytes, 1):.2f}x smaller)" if self.quantization else ""),
-            f"KV per token          {self.kv_bytes_per_token / 1024:.1f} KiB",
+            f"KV per token          {self.kv_bytes_per_token / 1024:.1f} KiB" + (
+                " (int8 + float32 scale per token and head)" if self.kv_cache_dtype == "int8" else ""),
             f"KV budget             {self.kv_cache_bytes / gib:.3f} GiB = {self.kv_num_blocks:,} blocks "
             f"= {self.kv_tokens:,} tokens",
             f"full-length sequences {self.full_length_sequences:,} (paged: any mix of shorter ones fits)",
@@ -57,10 +64,12 @@ class BuildReport:
 
 def make_report(cfg: ModelConfig, build: BuildConfig, dtype: str, parameters: int,
                 weight_bytes: int, quantization: str | None = None, weight_bytes_unquantized: int = 0) -> BuildReport:
-    per_token = kv_bytes_per_token(cfg, dtype)
-    blocks = kv_num_blocks(cfg, dtype, build.kv_block_size, build.kv_cache_bytes)
+    kv_dtype = getattr(build, "kv_cache_dtype", "auto")
+    per_token = kv_bytes_per_token(cfg, dtype, kv_dtype)
+    blocks = kv_num_blocks(cfg, dtype, build.kv_block_size, build.kv_cache_bytes, kv_dtype)
     tokens = blocks * build.kv_block_size
     return BuildReport(parameters=parameters, weight_bytes=weight_bytes, kv_bytes_per_token=per_token,
                        kv_cache_bytes=build.kv_cache_bytes, kv_num_blocks=blocks, kv_tokens=tokens,
                        full_length_sequences=tokens // int(build.max_seq_len or 1), quantization=quantization,
-                       weight_bytes_unquantized=weight_bytes_unquantized or weight_bytes)
+                       weight_bytes_unquantized=weight_bytes_unquantized or weight_bytes,
+                       kv_cache_dtype="int8" if kv_dtype == "int8" else dtype)

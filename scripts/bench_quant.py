@@ -60,7 +60,7 @@ def bench(engine_dir: str, repeats: int) -> dict:
         ms = decode_ms(engine, vocab)
         if ms < best_decode:
             best_decode, best_bw = ms, bw
-    kv = kv_bytes_per_token(cfg.model, cfg.dtype) * 32  # mean context of the decode steps (16 + 32/2)
+    kv = kv_bytes_per_token(cfg.model, cfg.dtype, cfg.kv_cache_dtype) * 32  # mean context of the decode steps (16 + 32/2)
     bound_ms = 1e3 * (weights + kv) / best_bw
     prefill = {n: max(prefill_tok_s(engine, vocab, n, seed) for seed in range(repeats)) for n in (128, 512)}
     q = cfg.quantization or {}

@@ -110,7 +110,7 @@ class _Request:
 def num_kv_blocks(cfg: EngineConfig, kv_cache_memory: str | int | None) -> int:
     """Blocks the KV budget buys (engine.json's budget unless overridden), at least one."""
     budget = parse_bytes(kv_cache_memory if kv_cache_memory is not None else cfg.build["kv_cache_memory"])
-    return max(1, kv_num_blocks(cfg.model, cfg.dtype, cfg.block_size, budget))
+    return max(1, kv_num_blocks(cfg.model, cfg.dtype, cfg.block_size, budget, cfg.kv_cache_dtype))
 
 
 class LLMEngine:

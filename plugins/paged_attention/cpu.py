@@ -24,6 +24,11 @@ Gathered K/V land in reusable per-thread scratch buffers, not fresh tensors: a f
 allocation per call is served by mmap and paid for in page faults on first touch, which measured
 ~10x slower than the copy itself on a busy 2-core machine (12 ms vs 1.2 ms for 8 MiB).
 
+int8 KV (`kv_scales` given): step 1 quantises (reference.write_kv), and every gather of step 2/3
+gathers the int8 blocks and their scales and dequantises them into q's dtype
+(`_gather_kv`); a chunk with no cached context also reads its k/v back from the pool, so every
+path attends to the same quantised values the reference does.
+
 Host-side work is a couple of `.tolist()` calls and per-sequence Python, never per token.
 SDPA's CPU kernels accumulate in float32 for bf16/fp16 inputs.
 """
@@ -70,7 +75,19 @@ def _gather_blocks(pool: torch.Tensor, tables: torch.Tensor, slot: int) -> torch
     rows = pool.view(pool.shape[0], -1)  # [num_blocks, bs * Hkv * D]: one memcpy per block
     out = _scratch(slot, tables.numel() * rows.shape[1], pool).view(-1, rows.shape[1])
     torch.index_select(rows, 0, tables.reshape(-1), out=out)
-    return out.view(num_seqs, num_blocks * pool.shape[1], pool.shape[2], pool.shape[3])
+    return out.view(num_seqs, num_blocks * pool.shape[1], *pool.shape[2:])
+
+
+def _gather_kv(kv_cache: torch.Tensor, kv_scales: torch.Tensor | None, index: int, tables: torch.Tensor,
+               like: torch.Tensor) -> torch.Tensor:
+    """_gather_blocks of K (index 0) or V (1): int8 pools are dequantised (q * scale) into a
+    scratch buffer of `like`'s dtype. [B, nb * bs, Hkv, D], valid until the next gather."""
+    blocks = _gather_blocks(kv_cache[index], tables, index)
+    if kv_scales is None:
+        return blocks
+    scales = _gather_blocks(kv_scales[index], tables, 2 + index)  # [B, nb * bs, Hkv]
+    out = _scratch(4 + index, blocks.numel(), like)
+    return torch.mul(blocks, scales.unsqueeze(-1), out=out.view(blocks.shape))
 
 
 def _padding_mask(seq_lens: torch.Tensor, lens: list[int], padded_len: int) -> torch.Tensor:
@@ -88,7 +105,7 @@ def _padding_mask(seq_lens: torch.Tensor, lens: list[int], padded_len: int) -> t
     return mask
 
 
-def _decode_batch(q, kv_cache, block_tables, seq_lens, scale: float, lens: list[int]):
+def _decode_batch(q, kv_cache, block_tables, seq_lens, scale: float, lens: list[int], kv_scales=None):
     """One new token per sequence: q [B, Hq, D] -> [B, Hq, D], contexts padded to max(lens)."""
     num_seqs, num_heads, head_dim = q.shape
     block_size, num_kv_heads = kv_cache.shape[2], kv_cache.shape[3]
@@ -96,8 +113,8 @@ def _decode_batch(q, kv_cache, block_tables, seq_lens, scale: float, lens: list[
     max_len = max(lens)
     num_blocks = -(-max_len // block_size)
     tables = block_tables[:, :num_blocks]  # int32 or int64: index_select takes both
-    keys = _gather_blocks(kv_cache[0], tables, 0).transpose(1, 2)    # [B, Hkv, Lpad, D]
-    values = _gather_blocks(kv_cache[1], tables, 1).transpose(1, 2)  # [B, Hkv, Lpad, D]
+    keys = _gather_kv(kv_cache, kv_scales, 0, tables, q).transpose(1, 2)    # [B, Hkv, Lpad, D]
+    values = _gather_kv(kv_cache, kv_scales, 1, tables, q).transpose(1, 2)  # [B, Hkv, Lpad, D]
     query = q.view(num_seqs, num_kv_heads, group, head_dim)          # [B, Hkv, G, D]
     if num_seqs == 1:
         # One sequence: cut the padding off instead of masking it (SDPA is ~30 % faster unmasked).
@@ -109,11 +126,11 @@ def _decode_batch(q, kv_cache, block_tables, seq_lens, scale: float, lens: list[
     return out.reshape(num_seqs, num_heads, head_dim)
 
 
-def _prefill_one(q, k, v, kv_cache, block_table, cached: int, scale: float):
+def _prefill_one(q, k, v, kv_cache, block_table, cached: int, scale: float, kv_scales=None):
     """One sequence's chunk of n new tokens after `cached` context: q [n, Hq, D] -> [n, Hq, D]."""
     num_new = q.shape[0]
     query = q.transpose(0, 1).unsqueeze(0)  # [1, Hq, n, D]
-    if cached == 0 and k.dtype == kv_cache.dtype:
+    if cached == 0 and kv_scales is None and k.dtype == kv_cache.dtype:
         # The whole context is this chunk: attend to k/v as given, no gather from the pool.
         keys, values = k.transpose(0, 1).unsqueeze(0), v.transpose(0, 1).unsqueeze(0)
         out = F.scaled_dot_product_attention(query, keys, values, is_causal=True, scale=scale,
@@ -121,8 +138,8 @@ def _prefill_one(q, k, v, kv_cache, block_table, cached: int, scale: float):
     else:
         seq_len, block_size = cached + num_new, kv_cache.shape[2]
         table = block_table[: -(-seq_len // block_size)][None]
-        keys = _gather_blocks(kv_cache[0], table, 0)[:, :seq_len].transpose(1, 2)  # [1, Hkv, L, D]
-        values = _gather_blocks(kv_cache[1], table, 1)[:, :seq_len].transpose(1, 2)
+        keys = _gather_kv(kv_cache, kv_scales, 0, table, q)[:, :seq_len].transpose(1, 2)  # [1, Hkv, L, D]
+        values = _gather_kv(kv_cache, kv_scales, 1, table, q)[:, :seq_len].transpose(1, 2)
         device = q.device
         # Token j (absolute position cached + j) sees positions 0..cached + j.
         visible = (torch.arange(seq_len, device=device)[None, :]
@@ -133,9 +150,10 @@ def _prefill_one(q, k, v, kv_cache, block_table, cached: int, scale: float):
 
 
 def paged_attention(q, k, v, kv_cache, slot_mapping, block_tables, seq_lens, query_start_loc,
-                    scale: float) -> torch.Tensor:
-    """Write k/v into kv_cache, then causal paged attention; see the op contract in op.py. -> [T, Hq, D]."""
-    if kv_cache.dtype != q.dtype:
+                    scale: float, kv_scales: torch.Tensor | None = None) -> torch.Tensor:
+    """Write k/v into kv_cache, then causal paged attention; see the op contract in op.py. -> [T, Hq, D].
+    kv_scales: the scales of an int8 kv_cache (None: kv_cache is in q's dtype)."""
+    if kv_scales is None and kv_cache.dtype != q.dtype:
         raise ValueError(f"the torch attention path needs kv_cache in q's dtype; got kv_cache "
                          f"{kv_cache.dtype} and q {q.dtype}: build the KV pool in the model dtype")
     starts = query_start_loc.tolist()
@@ -144,24 +162,25 @@ def paged_attention(q, k, v, kv_cache, slot_mapping, block_tables, seq_lens, que
     new_counts = [starts[s + 1] - starts[s] for s in range(num_seqs)]
     decodes = [s for s in range(num_seqs) if new_counts[s] == 1]
     pure_decode = 0 < len(decodes) == num_seqs == q.shape[0]
-    if pure_decode and cpu_native.applies(q, k, v, kv_cache, slot_mapping, block_tables, seq_lens, lens):
-        return cpu_native.decode(q, k, v, kv_cache, slot_mapping, block_tables, seq_lens, scale)
-    write_kv(kv_cache, k, v, slot_mapping)
+    if pure_decode and cpu_native.applies(q, k, v, kv_cache, slot_mapping, block_tables, seq_lens, lens,
+                                          kv_scales):
+        return cpu_native.decode(q, k, v, kv_cache, slot_mapping, block_tables, seq_lens, scale, kv_scales)
+    write_kv(kv_cache, k, v, slot_mapping, kv_scales)
     if pure_decode:
         # The common case: tokens are already in sequence order.
-        return _decode_batch(q, kv_cache, block_tables, seq_lens, scale, lens)
+        return _decode_batch(q, kv_cache, block_tables, seq_lens, scale, lens, kv_scales)
     out = q.new_empty(q.shape)
     if decodes:
         index = torch.tensor(decodes, device=q.device)
         tokens = torch.tensor([starts[s] for s in decodes], device=q.device)
         result = _decode_batch(q.index_select(0, tokens), kv_cache,
                                block_tables.index_select(0, index),
-                               seq_lens.index_select(0, index), scale, [lens[s] for s in decodes])
+                               seq_lens.index_select(0, index), scale, [lens[s] for s in decodes], kv_scales)
         out.index_copy_(0, tokens, result)
     for s in range(num_seqs):
         if new_counts[s] < 2:
             continue
         a, b = starts[s], starts[s + 1]
         out[a:b] = _prefill_one(q[a:b], k[a:b], v[a:b], kv_cache, block_tables[s],
-                                lens[s] - new_counts[s], scale)
+                                lens[s] - new_counts[s], scale, kv_scales)
     return out

@@ -12,6 +12,12 @@
  * and are contiguous within the token.
  * head_dim must be a multiple of 8 (the caller checks).
  *
+ * int8 KV (`trtforge_decode_attention_int8`): the pool holds int8 values and a second pool
+ * float32 scales [2, num_blocks, bs, Hkv], one per token and head. The new k/v rows are quantised
+ * as reference.quantize_kv does (scale = max|x| / 127, q = round-half-even(x / scale), the same
+ * IEEE operations, so the stored bytes are identical); cached rows are dequantised in registers:
+ * s[g, j] = scale * scale_k[j] * (q_g . Kq_j), out_g = sum_j (p[g, j] scale_v[j]) Vq_j.
+ *
  * Returns 0, or -1 when a block id, slot or length is out of range: everything is checked before
  * anything is written, and nothing is read or written out of bounds (the caller raises).
  */
@@ -19,6 +25,22 @@
 #include <stdlib.h>
 
 #include "native_vec.h"
+
+#ifdef __AVX2__
+#include <immintrin.h>
+/* Eight int8 values as floats: one vpmovsxbd + vcvtdq2ps (GCC lowers the generic conversion
+ * below to scalar inserts). */
+static inline v8f load_i8(const int8_t *p) {
+    return (v8f)_mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(_mm_loadl_epi64((const __m128i *)p)));
+}
+#else
+typedef int8_t v8c __attribute__((vector_size(8)));
+static inline v8f load_i8(const int8_t *p) {
+    v8c c;
+    memcpy(&c, p, sizeof c);
+    return __builtin_convertvector(__builtin_convertvector(c, v8i), v8f);
+}
+#endif
 
 static _Thread_local float *scratch;
 static _Thread_local size_t scratch_len;
@@ -107,8 +129,6 @@ static void softmax(float *s, int64_t n) {
 
 /* Position j of the context lives at slot table[j / block_size] * block_size + j % block_size;
  * the loops walk block by block (no division per position: a 64-bit divide costs ~40 cycles). */
-/* Position j of the context lives at slot table[j / block_size] * block_size + j % block_size;
- * the loops walk block by block (no division per position: a 64-bit divide costs ~40 cycles). */
 static void attend(const float *q, const float *key_pool, const float *value_pool, const int32_t *table,
                    int64_t len, int64_t block_size, int64_t row, int64_t group, int64_t head_dim,
                    float scale, float *s, float *out) {
@@ -126,6 +146,20 @@ static void attend(const float *q, const float *key_pool, const float *value_poo
     }
 }
 
+static int inputs_ok(int64_t num_blocks, int64_t block_size, const int64_t *slot_mapping,
+                     const int32_t *block_tables, int64_t table_width, const int32_t *seq_lens,
+                     int64_t num_seqs) {
+    const int64_t num_slots = num_blocks * block_size;
+    for (int64_t b = 0; b < num_seqs; b++) {
+        const int64_t len = seq_lens[b], slot = slot_mapping[b];
+        if (len < 1 || len > table_width * block_size || slot < 0 || slot >= num_slots) return 0;
+        const int32_t *table = block_tables + b * table_width;
+        for (int64_t i = 0; i < (len + block_size - 1) / block_size; i++)
+            if (table[i] < 0 || table[i] >= num_blocks) return 0;
+    }
+    return 1;
+}
+
 int trtforge_decode_attention(const float *q, int64_t q_stride, const float *k, int64_t k_stride,
                               const float *v, int64_t v_stride, float *pool,
                               int64_t num_blocks, int64_t block_size, const int64_t *slot_mapping,
@@ -137,13 +171,8 @@ int trtforge_decode_attention(const float *q, int64_t q_stride, const float *k, 
     const int64_t row = num_kv_heads * head_dim; /* floats per slot */
     const int64_t num_slots = num_blocks * block_size;
     float *key_pool = pool, *value_pool = pool + num_slots * row;
-    for (int64_t b = 0; b < num_seqs; b++) {
-        const int64_t len = seq_lens[b], slot = slot_mapping[b];
-        if (len < 1 || len > table_width * block_size || slot < 0 || slot >= num_slots) return -1;
-        const int32_t *table = block_tables + b * table_width;
-        for (int64_t i = 0; i < (len + block_size - 1) / block_size; i++)
-            if (table[i] < 0 || table[i] >= num_blocks) return -1;
-    }
+    if (!inputs_ok(num_blocks, block_size, slot_mapping, block_tables, table_width, seq_lens, num_seqs))
+        return -1;
     for (int64_t b = 0; b < num_seqs; b++) {
         memcpy(key_pool + slot_mapping[b] * row, k + b * k_stride, row * sizeof(float));
         memcpy(value_pool + slot_mapping[b] * row, v + b * v_stride, row * sizeof(float));
@@ -156,6 +185,131 @@ int trtforge_decode_attention(const float *q, int64_t q_stride, const float *k, 
             attend(q + b * q_stride + h * group * head_dim, key_pool + h * head_dim,
                    value_pool + h * head_dim, block_tables + b * table_width, len, block_size, row,
                    group, head_dim, scale, s, out + (b * num_heads + h * group) * head_dim);
+    }
+    return 0;
+}
+
+/* ---- int8 KV --------------------------------------------------------------------------------- */
+
+/* One head's D values quantised into q (reference.quantize_kv); returns the scale. */
+static float quantize_row(const float *x, int64_t head_dim, int8_t *q) {
+    float m = 0.0f;
+    for (int64_t d = 0; d < head_dim; d++) {
+        const float a = fabsf(x[d]);
+        m = a > m ? a : m;
+    }
+    const float scale = m / 127.0f, divisor = scale > 0.0f ? scale : 1.0f;
+    for (int64_t d = 0; d < head_dim; d++) {
+        float r = nearbyintf(x[d] / divisor);
+        r = r > 127.0f ? 127.0f : r < -127.0f ? -127.0f : r;
+        q[d] = (int8_t)r;
+    }
+    return scale;
+}
+
+/* block_scores for int8 keys: s[g * s_stride + i] = scale * ks[i * ks_stride] * (q_g . k_i). */
+static void block_scores_i8(const float *q, const int8_t *k, const float *ks, int64_t ks_stride, int64_t n,
+                            int64_t row, int64_t group, int64_t head_dim, float scale, float *s,
+                            int64_t s_stride) {
+    for (int64_t g = 0; g < group; g++) {
+        const float *qg = q + g * head_dim;
+        float *sg = s + g * s_stride;
+        int64_t i = 0;
+        for (; i + 4 <= n; i += 4) {
+            const int8_t *k0 = k + i * row, *k1 = k0 + row, *k2 = k1 + row, *k3 = k2 + row;
+            v8f a0 = v8_splat(0.0f), a1 = a0, a2 = a0, a3 = a0;
+            for (int64_t d = 0; d < head_dim; d += 8) {
+                const v8f qd = v8_load(qg + d);
+                a0 += qd * load_i8(k0 + d);
+                a1 += qd * load_i8(k1 + d);
+                a2 += qd * load_i8(k2 + d);
+                a3 += qd * load_i8(k3 + d);
+            }
+            sg[i] = v8_sum(a0) * (scale * ks[i * ks_stride]);
+            sg[i + 1] = v8_sum(a1) * (scale * ks[(i + 1) * ks_stride]);
+            sg[i + 2] = v8_sum(a2) * (scale * ks[(i + 2) * ks_stride]);
+            sg[i + 3] = v8_sum(a3) * (scale * ks[(i + 3) * ks_stride]);
+        }
+        for (; i < n; i++) {
+            v8f acc = v8_splat(0.0f);
+            for (int64_t d = 0; d < head_dim; d += 8) acc += v8_load(qg + d) * load_i8(k + i * row + d);
+            sg[i] = v8_sum(acc) * (scale * ks[i * ks_stride]);
+        }
+    }
+}
+
+/* block_values for int8 values: out_g += sum_i (p[g * p_stride + i] vs[i * vs_stride]) v_i. */
+static void block_values_i8(const float *p, const int8_t *v, const float *vs, int64_t vs_stride, int64_t n,
+                            int64_t row, int64_t group, int64_t head_dim, int64_t p_stride, float *out) {
+    for (int64_t g = 0; g < group; g++) {
+        const float *pg = p + g * p_stride;
+        float *og = out + g * head_dim;
+        int64_t i = 0;
+        for (; i + 4 <= n; i += 4) {
+            const int8_t *v0 = v + i * row, *v1 = v0 + row, *v2 = v1 + row, *v3 = v2 + row;
+            const v8f p0 = v8_splat(pg[i] * vs[i * vs_stride]), p1 = v8_splat(pg[i + 1] * vs[(i + 1) * vs_stride]),
+                      p2 = v8_splat(pg[i + 2] * vs[(i + 2) * vs_stride]), p3 = v8_splat(pg[i + 3] * vs[(i + 3) * vs_stride]);
+            for (int64_t d = 0; d < head_dim; d += 8)
+                v8_store(og + d, v8_load(og + d) + ((p0 * load_i8(v0 + d) + p1 * load_i8(v1 + d)) +
+                                                    (p2 * load_i8(v2 + d) + p3 * load_i8(v3 + d))));
+        }
+        for (; i < n; i++) {
+            const v8f pi = v8_splat(pg[i] * vs[i * vs_stride]);
+            for (int64_t d = 0; d < head_dim; d += 8) v8_store(og + d, v8_load(og + d) + pi * load_i8(v + i * row + d));
+        }
+    }
+}
+
+/* attend() over int8 pools: key_pool/value_pool point at this head's first value, key_scales /
+ * value_scales at this head's first scale (stride num_kv_heads per slot). */
+static void attend_i8(const float *q, const int8_t *key_pool, const int8_t *value_pool, const float *key_scales,
+                      const float *value_scales, const int32_t *table, int64_t len, int64_t block_size, int64_t row,
+                      int64_t num_kv_heads, int64_t group, int64_t head_dim, float scale, float *s, float *out) {
+    for (int64_t start = 0, b = 0; start < len; start += block_size, b++) {
+        const int64_t n = len - start < block_size ? len - start : block_size, first = (int64_t)table[b] * block_size;
+        block_scores_i8(q, key_pool + first * row, key_scales + first * num_kv_heads, num_kv_heads, n, row, group,
+                        head_dim, scale, s + start, len);
+    }
+    for (int64_t g = 0; g < group; g++) softmax(s + g * len, len);
+    memset(out, 0, group * head_dim * sizeof(float));
+    for (int64_t start = 0, b = 0; start < len; start += block_size, b++) {
+        const int64_t n = len - start < block_size ? len - start : block_size, first = (int64_t)table[b] * block_size;
+        block_values_i8(s + start, value_pool + first * row, value_scales + first * num_kv_heads, num_kv_heads, n,
+                        row, group, head_dim, len, out);
+    }
+}
+
+int trtforge_decode_attention_int8(const float *q, int64_t q_stride, const float *k, int64_t k_stride,
+                                   const float *v, int64_t v_stride, int8_t *pool, float *scales,
+                                   int64_t num_blocks, int64_t block_size, const int64_t *slot_mapping,
+                                   const int32_t *block_tables, int64_t table_width,
+                                   const int32_t *seq_lens, float *out, int64_t num_seqs,
+                                   int64_t num_heads, int64_t num_kv_heads, int64_t head_dim,
+                                   float scale) {
+    const int64_t group = num_heads / num_kv_heads;
+    const int64_t row = num_kv_heads * head_dim; /* int8 values per slot */
+    const int64_t num_slots = num_blocks * block_size;
+    int8_t *key_pool = pool, *value_pool = pool + num_slots * row;
+    float *key_scales = scales, *value_scales = scales + num_slots * num_kv_heads;
+    if (!inputs_ok(num_blocks, block_size, slot_mapping, block_tables, table_width, seq_lens, num_seqs))
+        return -1;
+    for (int64_t b = 0; b < num_seqs; b++) {
+        const int64_t slot = slot_mapping[b];
+        for (int64_t h = 0; h < num_kv_heads; h++) {
+            key_scales[slot * num_kv_heads + h] =
+                quantize_row(k + b * k_stride + h * head_dim, head_dim, key_pool + slot * row + h * head_dim);
+            value_scales[slot * num_kv_heads + h] =
+                quantize_row(v + b * v_stride + h * head_dim, head_dim, value_pool + slot * row + h * head_dim);
+        }
+    }
+    for (int64_t b = 0; b < num_seqs; b++) {
+        const int64_t len = seq_lens[b];
+        float *s = scores_buffer((size_t)(group * len));
+        if (!s) return -1;
+        for (int64_t h = 0; h < num_kv_heads; h++)
+            attend_i8(q + b * q_stride + h * group * head_dim, key_pool + h * head_dim, value_pool + h * head_dim,
+                      key_scales + h, value_scales + h, block_tables + b * table_width, len, block_size, row,
+                      num_kv_heads, group, head_dim, scale, s, out + (b * num_heads + h * group) * head_dim);
     }
     return 0;
 }

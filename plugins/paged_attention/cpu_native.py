@@ -1,6 +1,7 @@
 """The C decode kernel (`cpu_decode.c`) behind the CPU attention path, and when to use it.
 
-`cpu.paged_attention` calls `decode` for a pure-decode step in float32 on CPU. The kernel does
+`cpu.paged_attention` calls `decode` for a pure-decode step in float32 on CPU (float32 or int8 KV
+pool; with int8 the kernel quantises the new rows and dequantises cached ones in registers). The kernel does
 the KV write and the attention of every sequence in one call, single-threaded: for a batch-1
 step that replaces ~20 ATen ops per layer (index_copy_, index_select gathers, transposes, SDPA)
 with one ~2 µs ctypes call plus the arithmetic. Past `MAX_CONTEXT_TOKENS` tokens of context in
@@ -22,7 +23,9 @@ MAX_CONTEXT_TOKENS = 4096
 
 _P, _I, _F = ctypes.c_void_p, ctypes.c_int64, ctypes.c_float
 _SIGNATURES = {"trtforge_decode_attention": (ctypes.c_int, [_P, _I, _P, _I, _P, _I, _P, _I, _I, _P, _P, _I,
-                                                            _P, _P, _I, _I, _I, _I, _F])}
+                                                            _P, _P, _I, _I, _I, _I, _F]),
+               "trtforge_decode_attention_int8": (ctypes.c_int, [_P, _I, _P, _I, _P, _I, _P, _P, _I, _I, _P, _P,
+                                                                 _I, _P, _P, _I, _I, _I, _I, _F])}
 LIBRARY = native.NativeLibrary(Path(__file__).with_name("cpu_decode.c"), _SIGNATURES)
 library = LIBRARY.get  # the compiled kernel, or None where it cannot be built (torch path)
 
@@ -32,10 +35,14 @@ def _rows_dense(t: torch.Tensor) -> bool:
     return t.stride(2) == 1 and t.stride(1) == t.shape[2]
 
 
-def applies(q, k, v, kv_cache, slot_mapping, block_tables, seq_lens, lens: list[int]) -> bool:
-    """Whether `decode` can take this pure-decode call (dtypes, layouts, size) — else the torch path."""
+def applies(q, k, v, kv_cache, slot_mapping, block_tables, seq_lens, lens: list[int],
+            kv_scales: torch.Tensor | None = None) -> bool:
+    """Whether `decode` can take this pure-decode call (dtypes, layouts, size) — else the torch path.
+    int8 KV (kv_scales given): kv_cache int8, kv_scales float32 and contiguous."""
     f32 = torch.float32
-    return (q.dtype is f32 and kv_cache.dtype is f32 and k.dtype is f32 and v.dtype is f32
+    pool_ok = (kv_cache.dtype is f32 if kv_scales is None else
+               kv_cache.dtype is torch.int8 and kv_scales.dtype is f32 and kv_scales.is_contiguous())
+    return (q.dtype is f32 and pool_ok and k.dtype is f32 and v.dtype is f32
             and q.is_cpu and q.shape[2] % 8 == 0 and slot_mapping.dtype is torch.int64
             and block_tables.dtype is torch.int32 and seq_lens.dtype is torch.int32
             and sum(lens) <= MAX_CONTEXT_TOKENS and library() is not None
@@ -43,14 +50,19 @@ def applies(q, k, v, kv_cache, slot_mapping, block_tables, seq_lens, lens: list[
             and block_tables.is_contiguous() and seq_lens.is_contiguous() and slot_mapping.is_contiguous())
 
 
-def decode(q, k, v, kv_cache, slot_mapping, block_tables, seq_lens, scale: float) -> torch.Tensor:
-    """KV write + attention for T = S sequences of one new token each: q [S, Hq, D] -> [S, Hq, D]."""
+def decode(q, k, v, kv_cache, slot_mapping, block_tables, seq_lens, scale: float,
+           kv_scales: torch.Tensor | None = None) -> torch.Tensor:
+    """KV write + attention for T = S sequences of one new token each: q [S, Hq, D] -> [S, Hq, D].
+    kv_scales: the int8 pool's scales (then the int8 kernel, which quantises the new rows)."""
     num_seqs, num_heads, head_dim = q.shape
     _, num_blocks, block_size, num_kv_heads, _ = kv_cache.shape
     out = torch.empty_like(q)
-    status = LIBRARY.lib.trtforge_decode_attention(  # type: ignore[union-attr]  (applies() loaded it)
+    lib = LIBRARY.lib
+    pool = ((lib.trtforge_decode_attention, kv_cache.data_ptr()) if kv_scales is None else  # type: ignore[union-attr]
+            (lib.trtforge_decode_attention_int8, kv_cache.data_ptr(), kv_scales.data_ptr()))  # type: ignore[union-attr]
+    status = pool[0](  # (applies() loaded the library)
         q.data_ptr(), q.stride(0), k.data_ptr(), k.stride(0), v.data_ptr(), v.stride(0),
-        kv_cache.data_ptr(), num_blocks, block_size,
+        *pool[1:], num_blocks, block_size,
         slot_mapping.data_ptr(), block_tables.data_ptr(), block_tables.shape[1], seq_lens.data_ptr(),
         out.data_ptr(), num_seqs, num_heads, num_kv_heads, head_dim, scale)
     if status != 0:

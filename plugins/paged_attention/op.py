@@ -14,6 +14,22 @@ decode tokens mixed):
     scale float                          softmax scale
     -> [T, Hq, D]; a token at absolute position p attends to cache positions 0..p of its sequence.
 
+int8 KV (`build-engine --kv-cache-dtype int8`): the same contract through the sibling op
+`torch.ops.trtforge.paged_attention_int8kv(q, k, v, kv_cache, slot_mapping, block_tables,
+seq_lens, query_start_loc, scale, kv_scales)`, where
+
+    kv_cache  int8    [2, num_blocks, block_size, Hkv, D]   quantised K then V
+    kv_scales float32 [2, num_blocks, block_size, Hkv]      one scale per stored token and kv head
+
+Writing token t's k (and v) quantises each head row x [D] symmetrically: scale = max|x| / 127,
+stored value round(x / scale) in [-127, 127] (so x is recovered as value * scale within scale / 2;
+an all-zero row stores scale 0). Attention reads every context position, the new tokens' own
+included, as value * scale in float32 (`reference.quantize_kv` / `dequantize_kv`); q, k, v and the
+output keep the model dtype. Both pools are mutated; both must be contiguous. It is a separate op so
+the float op's schema, ONNX node and TensorRT plugin stay as they are: int8 KV runs on the torch
+implementations only ("reference", "cpu" — the torch path also runs on CUDA, and a CUDA engine
+with int8 KV is refused by the executor; the Triton kernels do not take it).
+
 Which implementation runs is a runtime choice:
 
     set_attention_impl(name)  >  env TRTFORGE_ATTENTION_IMPL  >  "auto"
@@ -24,6 +40,7 @@ Every implementation is a function `(q, k, v, kv_cache, slot_mapping, block_tabl
 query_start_loc, scale) -> Tensor` doing both the write and the attention (so a kernel may fuse
 them): `reference.paged_attention`, `cpu.paged_attention`, and `_triton_impl`, which adapts
 `triton_kernels.paged_attention_triton` (that one also takes max_query_len / max_seq_len hints).
+The reference and cpu functions take `kv_scales` as a tenth argument for int8 KV.
 """
 
 from __future__ import annotations
@@ -104,13 +121,17 @@ def _triton_impl(q, k, v, kv_cache, slot_mapping, block_tables, seq_lens, query_
         max_query_len, max_seq_len)
 
 
-def resolve_impl(device: torch.device) -> Callable[..., torch.Tensor]:
-    """The implementation function that will run for tensors on `device`."""
+def resolve_impl(device: torch.device, int8_kv: bool = False) -> Callable[..., torch.Tensor]:
+    """The implementation function that will run for tensors on `device` (int8_kv: for
+    paged_attention_int8kv, whose "auto" is the torch path everywhere)."""
     name = get_attention_impl()
     if name == "reference":
         return reference.paged_attention
-    if name == "cpu":
+    if name == "cpu" or (int8_kv and name == "auto"):
         return cpu.paged_attention
+    if int8_kv:
+        raise RuntimeError(f"attention implementation {name!r} does not take an int8 KV cache; "
+                           f"use 'auto', 'cpu' or 'reference' (set_attention_impl() or {ENV_VAR})")
     if name == "triton":
         _load_triton(required=True)
         return _triton_impl
@@ -119,16 +140,28 @@ def resolve_impl(device: torch.device) -> Callable[..., torch.Tensor]:
     return cpu.paged_attention
 
 
-def eager_impl(q: torch.Tensor) -> Callable[..., torch.Tensor]:
+def eager_impl(q: torch.Tensor, int8_kv: bool = False) -> Callable[..., torch.Tensor]:
     """What a network should call for this layer: in plain eager execution the implementation
     function itself (the custom-op dispatcher costs ~175 µs a call on CPU, 4 % of a 0.5B decode
     step); while tracing, exporting, or when `torch.ops.trtforge.paged_attention` has been swapped
-    (plugins/paged_attention/onnx_export.redirect_paged_attention), the op as it stands."""
-    op = torch.ops.trtforge.paged_attention
+    (plugins/paged_attention/onnx_export.redirect_paged_attention), the op as it stands.
+    int8_kv: the same for `paged_attention_int8kv` (called with kv_scales as its last argument)."""
+    op = torch.ops.trtforge.paged_attention_int8kv if int8_kv else torch.ops.trtforge.paged_attention
     if (not isinstance(op, torch._ops.OpOverloadPacket) or torch.compiler.is_compiling()
             or torch.compiler.is_exporting() or is_fake(q) or torch.is_grad_enabled()):
         return op
-    return resolve_impl(q.device)
+    return resolve_impl(q.device, int8_kv)
+
+
+def check_scales(kv_cache, kv_scales):
+    """The int8 KV pool and its scales pool (shapes and dtypes only)."""
+    if kv_cache.dtype != torch.int8:
+        raise ValueError(f"paged_attention_int8kv needs an int8 kv_cache, got {kv_cache.dtype}")
+    if kv_scales.dtype != torch.float32 or list(kv_scales.shape) != list(kv_cache.shape[:4]):
+        raise ValueError(f"kv_scales must be float32 [2, num_blocks, block_size, Hkv] = "
+                         f"{list(kv_cache.shape[:4])}, got {kv_scales.dtype} {list(kv_scales.shape)}")
+    if not kv_scales.is_contiguous():
+        raise ValueError("kv_scales must be contiguous (indexed by flat slot like kv_cache)")
 
 
 def check_inputs(q, k, v, kv_cache, slot_mapping, block_tables, seq_lens, query_start_loc):
@@ -180,9 +213,30 @@ def _(q, k, v, kv_cache, slot_mapping, block_tables, seq_lens, query_start_loc, 
     return q.new_empty(q.shape)
 
 
+@torch.library.custom_op("trtforge::paged_attention_int8kv", mutates_args=("kv_cache", "kv_scales"))
+def paged_attention_int8kv_op(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, kv_cache: torch.Tensor,
+                              slot_mapping: torch.Tensor, block_tables: torch.Tensor,
+                              seq_lens: torch.Tensor, query_start_loc: torch.Tensor,
+                              scale: float, kv_scales: torch.Tensor) -> torch.Tensor:
+    """paged_attention over an int8 kv_cache with per-token, per-head float32 kv_scales (module docstring)."""
+    check_inputs(q, k, v, kv_cache, slot_mapping, block_tables, seq_lens, query_start_loc)
+    check_scales(kv_cache, kv_scales)
+    impl = resolve_impl(q.device, int8_kv=True)
+    return impl(q, k, v, kv_cache, slot_mapping, block_tables, seq_lens, query_start_loc, scale, kv_scales)
+
+
+@paged_attention_int8kv_op.register_fake
+def _(q, k, v, kv_cache, slot_mapping, block_tables, seq_lens, query_start_loc, scale, kv_scales):
+    check_inputs(q, k, v, kv_cache, slot_mapping, block_tables, seq_lens, query_start_loc)
+    check_scales(kv_cache, kv_scales)
+    return q.new_empty(q.shape)
+
+
 def paged_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, kv_cache: torch.Tensor,
-                    meta: AttentionMetadata, scale: float) -> torch.Tensor:
-    """Model-side entry point: the op with its metadata taken from an AttentionMetadata."""
-    return torch.ops.trtforge.paged_attention(q, k, v, kv_cache, meta.slot_mapping,
-                                              meta.block_tables, meta.seq_lens,
-                                              meta.query_start_loc, scale)
+                    meta: AttentionMetadata, scale: float, kv_scales: torch.Tensor | None = None) -> torch.Tensor:
+    """Model-side entry point: the op with its metadata taken from an AttentionMetadata
+    (kv_scales given: the int8 KV op)."""
+    args = (q, k, v, kv_cache, meta.slot_mapping, meta.block_tables, meta.seq_lens, meta.query_start_loc, scale)
+    if kv_scales is not None:
+        return torch.ops.trtforge.paged_attention_int8kv(*args, kv_scales)
+    return torch.ops.trtforge.paged_attention(*args)

@@ -35,12 +35,23 @@ class PagedAttentionCase:
     """Slot mapping, block tables, lengths and offsets of the batch."""
     scale: float
     """Softmax scale (1/sqrt(D))."""
+    kv_scales: torch.Tensor | None = None
+    """int8 KV (`int8_kv()`): float32 [2, num_blocks, block_size, Hkv]; kv_cache is then int8."""
 
     def op_args(self) -> tuple:
-        """Positional arguments of `torch.ops.trtforge.paged_attention`."""
+        """Positional arguments of `torch.ops.trtforge.paged_attention` (int8 KV:
+        `paged_attention_int8kv`, kv_scales last)."""
         m = self.meta
+        extra = () if self.kv_scales is None else (self.kv_scales,)
         return (self.q, self.k, self.v, self.kv_cache, m.slot_mapping, m.block_tables,
-                m.seq_lens, m.query_start_loc, self.scale)
+                m.seq_lens, m.query_start_loc, self.scale, *extra)
+
+    def int8_kv(self) -> "PagedAttentionCase":
+        """The same case with the pool quantised to int8 KV (reference.quantize_kv per token and head)."""
+        from .reference import quantize_kv
+
+        q, scales = quantize_kv(self.kv_cache)
+        return replace(self, kv_cache=q, kv_scales=scales)
 
     def clone(self) -> "PagedAttentionCase":
         """Deep copy, so two implementations can each mutate their own kv_cache."""
@@ -48,14 +59,17 @@ class PagedAttentionCase:
         meta = replace(m, slot_mapping=m.slot_mapping.clone(), block_tables=m.block_tables.clone(),
                        seq_lens=m.seq_lens.clone(), query_start_loc=m.query_start_loc.clone())
         return replace(self, q=self.q.clone(), k=self.k.clone(), v=self.v.clone(),
-                       kv_cache=self.kv_cache.clone(), meta=meta)
+                       kv_cache=self.kv_cache.clone(), meta=meta,
+                       kv_scales=None if self.kv_scales is None else self.kv_scales.clone())
 
     def to(self, device=None, dtype: torch.dtype | None = None) -> "PagedAttentionCase":
         """Same case on another device and/or with q, k, v, kv_cache in another float dtype."""
         def conv(t):
             return t.to(device=device, dtype=dtype)
+        int8 = self.kv_scales is not None  # the int8 pool and its scales keep their dtypes
         return replace(self, q=conv(self.q), k=conv(self.k), v=conv(self.v),
-                       kv_cache=conv(self.kv_cache),
+                       kv_cache=self.kv_cache.to(device) if int8 else conv(self.kv_cache),
+                       kv_scales=self.kv_scales.to(device) if int8 else None,
                        meta=self.meta.to(device) if device is not None else self.meta)
 
 

@@ -138,7 +138,8 @@ def seed_experiment(engine: LLMEngine, prompt_lens: list[int], output_len: int, 
     The copy bandwidth of a shared VM drifts by tens of percent over minutes, so it is probed
     right before and right after each prompt's generation (`probe` returns bytes/s) and the bound
     uses their mean: the bound and the decode steps are measured under the same conditions."""
-    kv_per_token = kv_bytes_per_token(engine.engine_config.model, engine.engine_config.dtype)
+    cfg = engine.engine_config
+    kv_per_token = kv_bytes_per_token(cfg.model, cfg.dtype, cfg.kv_cache_dtype)
     rows = []
     for n in prompt_lens:
         (req,) = make_workload(1, (n, n), (output_len, output_len), vocab, seed=n)
@@ -177,7 +178,7 @@ def decode_breakdown(engine: LLMEngine, probe: Callable[[], float], rounds: int 
     one row (the weight-streaming floor of a step) vs whole engine steps, interleaved with copy
     bandwidth probes so all three see the same machine state. Torch engines only."""
     calls = _linear_calls(engine)
-    dtype = engine.executor.kv_caches[0].dtype
+    dtype = getattr(torch, engine.engine_config.dtype)  # the activations' (an int8 KV pool's is not)
     device = engine.executor.device
     inputs = [torch.randn(1, n_in, dtype=dtype, device=device) for _, n_in, _ in calls]
     linear_bytes = sum(n_in * n_out for _, n_in, n_out in calls) * torch.finfo(dtype).bits // 8

@@ -60,17 +60,21 @@ def _quant_gemv(lin: QuantLinear, x: int, t: int, y: int) -> tuple:
 class CpuDecodePlan:
     """Pure-decode steps of up to GEMV_MAX_ROWS tokens of a float32 Llama-style network on CPU."""
 
-    def __init__(self, network: Any, kv_caches: list[torch.Tensor], libs: tuple[Any, Any, Any]):
-        self.network, self.kv_caches = network, kv_caches
+    def __init__(self, network: Any, kv_caches: list[torch.Tensor], libs: tuple[Any, Any, Any],
+                 kv_scales: list[torch.Tensor] | None = None):
+        self.network, self.kv_caches, self.kv_scales = network, kv_caches, kv_scales
         self.fused, self.linear, self.attention = libs
         self.cfg = network.cfg
         self._prepared: dict[int, tuple[dict[str, torch.Tensor], list[tuple], tuple]] = {}
 
     @classmethod
-    def build(cls, network: Any, kv_caches: list[torch.Tensor]) -> "CpuDecodePlan | None":
-        """A plan for `network`, or None where it does not qualify (then the network runs every step)."""
+    def build(cls, network: Any, kv_caches: list[torch.Tensor],
+              kv_scales: list[torch.Tensor] | None = None) -> "CpuDecodePlan | None":
+        """A plan for `network`, or None where it does not qualify (then the network runs every step).
+        kv_scales: int8 KV pools' scales (the attention calls cpu_decode.c's int8 kernel)."""
         c = getattr(network, "cfg", None)
-        if c is None or not hasattr(network, "layers") or kv_caches[0].dtype != torch.float32 \
+        pool_dtype = torch.float32 if kv_scales is None else torch.int8
+        if c is None or not hasattr(network, "layers") or kv_caches[0].dtype != pool_dtype \
                 or kv_caches[0].device.type != "cpu":
             return None
         if getattr(network, "shard", None) is not None:  # a tensor-parallel rank: no place for the all-reduce
@@ -88,7 +92,7 @@ class CpuDecodePlan:
         quantized = any(isinstance(m, QuantLinear) for m in linears)
         if quantized and cpu_quant.library() is None:
             return None
-        return cls(network, kv_caches, libs) if all(lib is not None for lib in libs) else None
+        return cls(network, kv_caches, libs, kv_scales) if all(lib is not None for lib in libs) else None
 
     def can_run(self, inputs: ModelInputs) -> bool:
         """Pure decode (one token per sequence, each samples, in order) of at most GEMV_MAX_ROWS
@@ -156,12 +160,17 @@ class CpuDecodePlan:
         attention = (m.slot_mapping.data_ptr(), m.block_tables.data_ptr(), m.block_tables.shape[1],
                      m.seq_lens.data_ptr(), buf["attn"].data_ptr(), t, hq, hkv, d, d ** -0.5)
         k, v = qkv + 4 * hq * d, qkv + 4 * (hq + hkv) * d  # byte offsets of the k and v heads
-        rope_fn, attention_fn = self.fused.trtforge_rope, self.attention.trtforge_decode_attention
-        for (norm_in, qkv_call, o_call, norm_post, gate_up, silu, down), pool in zip(calls, self.kv_caches):
+        rope_fn = self.fused.trtforge_rope
+        if self.kv_scales is None:
+            attention_fn, pools = self.attention.trtforge_decode_attention, [(p.data_ptr(),) for p in self.kv_caches]
+        else:  # int8 KV: pool and scales
+            attention_fn = self.attention.trtforge_decode_attention_int8
+            pools = [(p.data_ptr(), s.data_ptr()) for p, s in zip(self.kv_caches, self.kv_scales)]
+        for (norm_in, qkv_call, o_call, norm_post, gate_up, silu, down), pool in zip(calls, pools):
             norm_in[0](*norm_in[1:])
             qkv_call[0](*qkv_call[1:], threads)
             rope_fn(*rope)
-            if attention_fn(qkv, row, k, row, v, row, pool.data_ptr(), num_blocks, block_size, *attention):
+            if attention_fn(qkv, row, k, row, v, row, *pool, num_blocks, block_size, *attention):
                 raise ValueError(f"decode attention: a block id, slot or sequence length is out of range "
                                  f"(seq_lens={m.seq_lens.tolist()}, slot_mapping={m.slot_mapping.tolist()})")
             o_call[0](*o_call[1:], threads)

@@ -41,7 +41,16 @@ class NetworkExecutor:
         # One pool per layer, [2 (K,V), blocks, block_size, Hkv, D]: see plugins/paged_attention/metadata.py.
         # With CUDA graphs one more block exists, never handed out: the padding rows' scratch.
         shape = (2, num_blocks + graphs, cfg.block_size, m.num_kv_heads, m.head_dim)
-        self.kv_caches = [zeroed_pool(shape, torch_dtype(cfg), self.device) for _ in range(m.num_layers)]
+        int8_kv = cfg.kv_cache_dtype == "int8"
+        if int8_kv and self.device.type != "cpu":
+            raise ValueError(f"this engine keeps its KV cache in int8 (--kv-cache-dtype int8), which only the CPU "
+                             f"attention kernels read; run it with --device cpu, or rebuild without "
+                             f"--kv-cache-dtype int8 for {self.device.type}.")
+        kv_dtype = torch.int8 if int8_kv else torch_dtype(cfg)
+        self.kv_caches = [zeroed_pool(shape, kv_dtype, self.device) for _ in range(m.num_layers)]
+        self.kv_scales = [zeroed_pool(shape[:4], torch.float32, self.device) for _ in range(m.num_layers)] \
+            if int8_kv else None
+        """int8 KV: per layer its float32 scales [2, blocks, block_size, Hkv] (plugins/paged_attention/op.py)."""
         self.graphs = None
         if graphs:
             from .cuda_graphs import CudaGraphRunner
@@ -49,7 +58,8 @@ class NetworkExecutor:
             self.graphs = CudaGraphRunner(network, self.kv_caches, cuda_graph_batch_sizes,
                                           -(-cfg.max_seq_len // cfg.block_size), num_blocks, cfg.block_size)
 
-        self.cpu_plan = CpuDecodePlan.build(network, self.kv_caches) if self.device.type == "cpu" else None
+        self.cpu_plan = CpuDecodePlan.build(network, self.kv_caches, self.kv_scales) \
+            if self.device.type == "cpu" else None
         """Small float32 decode steps on CPU as a fixed list of C kernel calls (cpu_decode_plan.py)."""
 
     def describe(self) -> str:
@@ -78,7 +88,7 @@ class NetworkExecutor:
         if self.cpu_plan is not None and self.cpu_plan.can_run(inputs):
             return self.cpu_plan.run(inputs)
         return self.network(inputs.input_ids, inputs.positions, self.kv_caches, inputs.meta,
-                            inputs.logits_indices)
+                            inputs.logits_indices, **({} if self.kv_scales is None else {"kv_scales": self.kv_scales}))
 
 
 def _quantization(network: Any) -> str | None:
