@@ -73,6 +73,7 @@ class BuildConfig:
             raise BuildError(f"--dtype {self.dtype!r} is unknown: choose one of {', '.join(DTYPES)}.")
         self.check_quantization_options()
         self.check_tp_options()
+        self.check_kv_cache_dtype()
         limit = min(max_position_embeddings, sliding_window or max_position_embeddings)
         if self.max_seq_len is None:
             self.max_seq_len = limit
@@ -127,6 +128,9 @@ class BuildConfig:
                              f"KV pool and scales are read by trtforge's torch attention implementations only "
                              f"(not the TensorRT plugin or TensorRT-LLM). Build with --backend torch, or without "
                              f"--kv-cache-dtype.")
+        if self.kv_cache_dtype == "int8" and self.tp_size > 1:
+            raise BuildError(f"--kv-cache-dtype int8 with --tp-size {self.tp_size} is not supported yet: the "
+                             f"tensor-parallel executor allocates float KV pools. Drop one of the two options.")
 
     def check_quantization_shapes(self, in_features: dict[str, int]) -> None:
         """int4_wo: every quantized layer's in_features ({layer: in_features}) must split into whole groups."""

@@ -136,3 +136,10 @@ def test_refused_where_unsupported(ckpt, tmp_path):
     cfg = _build(ckpt, tmp_path / "i8", kv_cache_dtype="int8").engine_config
     with pytest.raises(ValueError, match="--device cpu"):
         NetworkExecutor(None, cfg, 4, "meta")
+
+
+def test_validate_checks_kv_cache_dtype():
+    with pytest.raises(BuildError, match="--tp-size 2 is not supported yet"):
+        BuildConfig(kv_cache_dtype="int8", tp_size=2).validate(128, None)
+    with pytest.raises(BuildError, match="unknown"):
+        BuildConfig(kv_cache_dtype="int4").validate(128, None)
