@@ -3,6 +3,7 @@
     build            = build-engine (HF checkpoint → engine directory)
     demo-checkpoint  random-weight checkpoint with a real tokenizer (quickstart, tests, benchmarks)
     generate         run prompts through an engine with in-flight batching
+    tp-worker        ranks > 0 of a tensor-parallel engine on another host (docs/scale-out.md)
     emit-repo/serve/client    Triton model repository, real tritonserver, tritonclient
     export-onnx/verify-onnx   the TensorRT path's ONNX graph, checked with ONNX Runtime on CPU
     bench            offline and serving benchmarks
@@ -106,6 +107,7 @@ def generate(engine_dir: str, prompts: tuple[str, ...], prompts_file: str | None
         outs = engine.generate([it.get("prompt", it.get("input_ids")) for it in items], params)
     except (BuildError, ValueError, EngineOverloaded) as exc:
         raise click.ClickException(str(exc)) from None
+    failed = [out.error for out in outs if out.error]  # e.g. a tensor-parallel rank died
     for i, out in enumerate(outs):
         if as_json:
             click.echo(json.dumps({"index": i, "output_ids": out.output_token_ids, "text": out.text,
@@ -113,6 +115,20 @@ def generate(engine_dir: str, prompts: tuple[str, ...], prompts_file: str | None
         else:
             click.echo(f"--- [{i}] ({len(out.output_token_ids)} tokens, {out.finish_reason})")
             click.echo(out.text)
+    if failed:
+        raise click.ClickException(failed[0])
+
+
+@main.command("tp-worker")
+@click.argument("engine_dir", type=click.Path(exists=True, file_okay=False))
+@click.option("--device", default="cpu", show_default=True, help="cpu (gloo) or cuda (NCCL; GPU = LOCAL_RANK).")
+def tp_worker(engine_dir: str, device: str) -> None:
+    """Run ranks > 0 of a tensor-parallel engine on this host (docs/scale-out.md): with RANK/WORLD_SIZE,
+    or NNODES/NODE_RANK, and MASTER_ADDR/MASTER_PORT of rank 0's host, which runs `trtforge generate`,
+    `trtforge bench offline` or the Triton model on the same engine."""
+    from .worker.tp_worker import main as worker_main
+
+    sys.exit(worker_main([engine_dir, "--device", device]))
 
 
 def _add_optional_commands() -> None:

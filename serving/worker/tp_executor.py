@@ -17,10 +17,10 @@ sends STOP and waits for the ranks it started.
 
 from __future__ import annotations
 
-import atexit
 import os
 import threading
 import time
+import weakref
 
 import torch
 import torch.distributed as dist
@@ -29,7 +29,7 @@ from trtforge.builder.engine_dir import EngineConfig
 
 from . import tp_comm
 from .model_inputs import ModelInputs
-from .tp_launch import THREADS_ENV, Launch, LaunchError, launch_from_env, open_store, spawn_ranks, stop_children, \
+from .tp_launch import THREADS_ENV, Child, Launch, LaunchError, launch_from_env, open_store, spawn_ranks, stop_children, \
     wait_for_ranks
 from .tp_rank import load_rank
 
@@ -54,6 +54,57 @@ def rank_device(device: str | torch.device, local_rank: int) -> torch.device:
     return device
 
 
+class _Group:
+    """The process group as rank 0 holds it: the lock every broadcast takes, the ranks it started,
+    broken/closed. Apart from the executor so that a dropped executor is closed by its finalizer
+    (and at exit), and the ping thread holds only this."""
+
+    def __init__(self, tp_size: int, device: torch.device, children: list[Child]):
+        self.tp_size, self.device, self.children = tp_size, device, children
+        self.lock = threading.Lock()
+        self.broken: str | None = None
+        self.closed = False
+        self.last = time.monotonic()
+
+    def break_(self, exc: BaseException) -> str:
+        time.sleep(0.2)  # a dying rank's exit code is known a moment after its connection closed
+        dead = [c.describe_exit() for c in self.children if c.process.poll() is not None]
+        self.broken = (f"the tensor-parallel group of {self.tp_size} ranks broke: "
+                       + ("; ".join(dead) if dead else f"{type(exc).__name__}: {exc}")
+                       + ". Restart the engine (every rank).")
+        return self.broken
+
+    def ping_loop(self) -> None:
+        interval = tp_comm.timeout_s() / 5
+        while True:
+            time.sleep(min(interval, 5.0))
+            with self.lock:
+                if self.closed or self.broken:
+                    return
+                if time.monotonic() - self.last < interval:
+                    continue
+                try:
+                    tp_comm.send(tp_comm.PING, self.device)
+                except RuntimeError as exc:
+                    self.break_(exc)
+                    return
+                self.last = time.monotonic()
+
+    def close(self) -> None:
+        with self.lock:
+            if self.closed:
+                return
+            self.closed = True
+            if not self.broken:
+                try:
+                    tp_comm.send(tp_comm.STOP, self.device)
+                except RuntimeError:
+                    pass
+        stop_children(self.children)
+        if dist.is_initialized():
+            dist.destroy_process_group()
+
+
 class TensorParallelExecutor:
     def __init__(self, engine_dir: str, cfg: EngineConfig, num_blocks: int, device: str | torch.device = "cpu"):
         self.tp_size = cfg.tp_size
@@ -67,9 +118,6 @@ class TensorParallelExecutor:
         if threads:
             torch.set_num_threads(min(torch.get_num_threads(), threads))
         self.launch = launch
-        self._lock = threading.Lock()
-        self._broken: str | None = None
-        self._closed = False
         store = open_store(launch)
         self.children = spawn_ranks(launch, engine_dir, str(device), threads)
         try:
@@ -78,13 +126,17 @@ class TensorParallelExecutor:
             tp_comm.send(tp_comm.INIT, self.device, fields=(num_blocks, tp_comm.engine_identity(cfg)))
             self.local, self.collectives = load_rank(engine_dir, cfg, 0, num_blocks, self.device)
         except BaseException:
-            self._abandon()
+            for c in self.children:
+                if c.process.poll() is None:
+                    c.process.kill()
+                c.process.wait()
+            if dist.is_initialized():
+                dist.destroy_process_group()
             raise
         self._store = store  # rank 0 hosts it: it lives as long as the group
-        self._last = time.monotonic()
-        self._pinger = threading.Thread(target=self._ping_loop, name="trtforge-tp-ping", daemon=True)
-        self._pinger.start()
-        atexit.register(self.close)
+        self._group = _Group(cfg.tp_size, self.device, self.children)
+        self._finalizer = weakref.finalize(self, self._group.close)  # when dropped, and at exit
+        threading.Thread(target=self._group.ping_loop, name="trtforge-tp-ping", daemon=True).start()
 
     def describe(self) -> str:
         where = f"{len(self.children) + 1} on this host" if self.children else "on several hosts"
@@ -92,64 +144,21 @@ class TensorParallelExecutor:
                 f"rank 0: {self.local.describe()}")
 
     def execute(self, inputs: ModelInputs) -> torch.Tensor:
-        with self._lock:
-            if self._broken:
-                raise TensorParallelError(self._broken)
-            if self._closed:
+        g = self._group
+        with g.lock:
+            if g.broken:
+                raise TensorParallelError(g.broken)
+            if g.closed:
                 raise TensorParallelError("the tensor-parallel engine was closed.")
             try:
                 body, fields = tp_comm.encode_step(inputs)
                 tp_comm.send(tp_comm.STEP, self.device, body.to(self.device), fields)
                 logits = self.local.execute(inputs)
             except RuntimeError as exc:
-                raise TensorParallelError(self._break(exc)) from exc
-            self._last = time.monotonic()
+                raise TensorParallelError(g.break_(exc)) from exc
+            g.last = time.monotonic()
             return logits
-
-    def _break(self, exc: BaseException) -> str:
-        time.sleep(0.2)  # a dying rank's exit code is known a moment after its connection closed
-        dead = [c.describe_exit() for c in self.children if c.process.poll() is not None]
-        self._broken = (f"the tensor-parallel group of {self.tp_size} ranks broke: "
-                        + ("; ".join(dead) if dead else f"{type(exc).__name__}: {exc}")
-                        + ". Restart the engine (every rank).")
-        return self._broken
-
-    def _ping_loop(self) -> None:
-        interval = tp_comm.timeout_s() / 5
-        while True:
-            time.sleep(min(interval, 5.0))
-            with self._lock:
-                if self._closed or self._broken:
-                    return
-                if time.monotonic() - self._last < interval:
-                    continue
-                try:
-                    tp_comm.send(tp_comm.PING, self.device)
-                except RuntimeError as exc:
-                    self._break(exc)
-                    return
-                self._last = time.monotonic()
 
     def close(self) -> None:
         """Stop the other ranks (STOP message), wait for those this process started, leave the group."""
-        with self._lock:
-            if self._closed:
-                return
-            self._closed = True
-            if not self._broken:
-                try:
-                    tp_comm.send(tp_comm.STOP, self.device)
-                except RuntimeError:
-                    pass
-        stop_children(self.children)
-        if dist.is_initialized():
-            dist.destroy_process_group()
-        atexit.unregister(self.close)
-
-    def _abandon(self) -> None:
-        for c in self.children:
-            if c.process.poll() is None:
-                c.process.kill()
-            c.process.wait()
-        if dist.is_initialized():
-            dist.destroy_process_group()
+        self._finalizer()

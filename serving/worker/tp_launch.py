@@ -40,8 +40,9 @@ _LAUNCH_VARS = ("RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE", "NNODES"
                 "MASTER_ADDR", "MASTER_PORT")
 
 
-class LaunchError(RuntimeError):
-    """The environment does not describe a launch of this engine (says what to set)."""
+class LaunchError(ValueError):
+    """The ranks cannot be started or did not meet (says what to set or what died); a ValueError,
+    so the commands report it as they report a bad option."""
 
 
 @dataclass
