@@ -156,8 +156,10 @@ def spawn_ranks(launch: Launch, engine_dir: str, device: str, threads: int | Non
 
 
 def open_store(launch: Launch) -> dist.TCPStore:
-    """Rank 0 hosts the store; the others connect (retrying until the timeout)."""
-    return dist.TCPStore(launch.master_addr, launch.master_port, launch.world_size, launch.rank == 0,
+    """Rank 0 hosts the store; the others connect (retrying until the timeout). Under torchrun its
+    agent already hosts one at MASTER_ADDR:MASTER_PORT: every rank connects to that."""
+    host = launch.rank == 0 and os.environ.get("TORCHELASTIC_USE_AGENT_STORE") != "True"
+    return dist.TCPStore(launch.master_addr, launch.master_port, launch.world_size, host,
                          timedelta(seconds=timeout_s()), wait_for_workers=False)
 
 
