@@ -44,16 +44,21 @@ def _backend_hook(build: BuildConfig, checkpoint: str) -> Any:
 @click.option("--force", is_flag=True, help="Replace an existing output directory.")
 @click.option("--triton-repo", type=click.Path(file_okay=False), default=None,
               help="Also write a Triton model repository serving the engine here.")
+@click.option("--disaggregated", is_flag=True,
+              help="With --triton-repo: separate context (prefill) and generation (decode) models "
+                   "behind the ensemble (tune them with `trtforge emit-repo --disaggregated`).")
 @click.option("--schedule", multiple=True, metavar="KEY=VALUE",
               help="Default scheduler parameter stored in engine.json (see `trtforge emit-repo --help`).")
 @click.option("--quiet", "-q", is_flag=True, help="No progress bar or report.")
 @dataclass_options(BuildConfig, choices={"backend": BACKENDS, "quantization": QUANTIZATIONS,
                                          "kv_cache_dtype": KV_CACHE_DTYPES})
 def build_engine(checkpoint: str, output: str, force: bool, triton_repo: str | None,
-                 schedule: tuple[str, ...], quiet: bool, **options: Any) -> None:
+                 disaggregated: bool, schedule: tuple[str, ...], quiet: bool, **options: Any) -> None:
     """Convert a Hugging Face CHECKPOINT (local directory or hub id) into a trtforge engine."""
     from .build import build_engine as run_build
 
+    if disaggregated and not triton_repo:
+        raise click.UsageError("--disaggregated describes the Triton repository: give --triton-repo too")
     try:
         build = BuildConfig(**pick(BuildConfig, options))
         build.check_quantization_options()  # before a backend hook looks for TensorRT
@@ -72,7 +77,7 @@ def build_engine(checkpoint: str, output: str, force: bool, triton_repo: str | N
         for line in BuildReport(**cfg.report).lines():
             click.echo("  " + line)
     if triton_repo:
-        _emit_repo(str(out), triton_repo)
+        _emit_repo(str(out), triton_repo, disaggregated)
 
 
 def _validated_schedule(values: dict[str, Any], build: BuildConfig) -> dict[str, Any]:
@@ -90,10 +95,10 @@ def _validated_schedule(values: dict[str, Any], build: BuildConfig) -> dict[str,
         raise BuildError(f"--schedule: {exc}") from None
 
 
-def _emit_repo(engine_dir: str, repo: str) -> None:
+def _emit_repo(engine_dir: str, repo: str, disaggregated: bool = False) -> None:
     from trtforge.model_repo.emit import emit_repo
 
-    path = emit_repo(engine_dir, repo)
+    path = emit_repo(engine_dir, repo, disaggregated=disaggregated)
     click.echo(f"Triton model repository written to {path}")
 
 

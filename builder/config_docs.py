@@ -116,9 +116,14 @@ def _option_type(field: str, hint: Any, choices: tuple[str, ...] | None) -> Any:
 
 def dataclass_options(cls: type, exclude: tuple[str, ...] = (), prefix: str = "",
                       choices: dict[str, tuple[str, ...]] | None = None,
-                      default_text: str | None = None) -> Callable:
+                      default_text: str | None = None, only: tuple[str, ...] | None = None,
+                      dest_prefix: str = "") -> Callable:
     """Decorator adding one `--field-name` option per dataclass field (default None = keep the
     dataclass default, so the command can tell what the user set).
+
+    only: just these fields. prefix: the flags' prefix (`--{prefix}field-name`); dest_prefix: the
+    prefix of the parameter names the command receives (to take one field twice, e.g. for the
+    context and the generation model).
 
     choices: {field: allowed values}, offered as a Click choice. default_text: what the help says
     the default is ("{default}" there: the dataclass's), for a command whose defaults come from
@@ -129,7 +134,7 @@ def dataclass_options(cls: type, exclude: tuple[str, ...] = (), prefix: str = ""
 
     def decorate(fn: Callable) -> Callable:
         for f in reversed(dataclasses.fields(cls)):
-            if f.name in exclude or not f.init:
+            if f.name in exclude or not f.init or (only is not None and f.name not in only):
                 continue
             default = f.default if f.default is not dataclasses.MISSING else None
             shown = default if default_text is None else default_text.format(default=default)
@@ -137,10 +142,10 @@ def dataclass_options(cls: type, exclude: tuple[str, ...] = (), prefix: str = ""
             name = "--" + prefix + f.name.replace("_", "-")
             if base_type(hints[f.name])[0] is bool:
                 flag = f"{name}/--no-{prefix}{f.name.replace('_', '-')}"
-                fn = click.option(flag, f.name, default=None, help=help_text)(fn)
+                fn = click.option(flag, dest_prefix + f.name, default=None, help=help_text)(fn)
             else:
                 typ = _option_type(f.name, hints[f.name], choices.get(f.name))
-                fn = click.option(name, f.name, type=typ, default=None, help=help_text)(fn)
+                fn = click.option(name, dest_prefix + f.name, type=typ, default=None, help=help_text)(fn)
         return fn
 
     return decorate

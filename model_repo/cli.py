@@ -10,10 +10,34 @@ import click
 
 from trtforge.builder.config_docs import dataclass_options
 from trtforge.serving.core.config import SchedulerConfig
+from trtforge.model_repo import phases as D
 from trtforge.model_repo.params import ENGINE_FIELDS
 
 from .bench.serve import serve as bench_serve_command  # noqa: F401  (`trtforge bench serve`)
 from .bench.soak_cli import soak as bench_soak_command  # noqa: F401  (`trtforge bench soak`)
+
+
+def _phase_options(fn):
+    """--context-… and --generation-… options of `emit-repo --disaggregated`."""
+    for phase in (D.GENERATION, D.CONTEXT):
+        dest = f"{phase}__"
+        fn = click.option(f"--{phase}-instances", dest + "instances", type=int, default=1,
+                          help=f"Instances (processes, each with its own engine) of the {phase} model. "
+                               "[default: 1]")(fn)
+        fn = click.option(f"--{phase}-cpu-threads", dest + "cpu_threads", type=int, default=None,
+                          help=D.PHASE_DOCS[D.CPU_THREADS])(fn)
+        fn = click.option(f"--{phase}-cpus", dest + "cpus", default="",
+                          help=f"{phase} model: " + D.PHASE_DOCS[D.CPUS])(fn)
+        fn = click.option(f"--{phase}-kv-cache-memory", dest + "kv_cache_memory", default=None,
+                          help=f"KV cache memory of the {phase} model, e.g. 512MiB "
+                               "(default: engine.json's budget).")(fn)
+        if phase == D.CONTEXT:
+            fn = click.option("--context-handoff-timeout-s", dest + "handoff_timeout_s", type=float,
+                              default=None, help=D.PHASE_DOCS[D.HANDOFF_TIMEOUT] + " [default: 30]")(fn)
+        fn = dataclass_options(SchedulerConfig, only=D.scheduler_fields(phase), prefix=f"{phase}-",
+                               dest_prefix=dest,
+                               default_text="the engine's engine.json value, else {default}")(fn)
+    return fn
 
 
 @click.command("emit-repo")
@@ -35,31 +59,62 @@ from .bench.soak_cli import soak as bench_soak_command  # noqa: F401  (`trtforge
                    "the python models' model.py from (default: the NGC image's /app/all_models/"
                    "inflight_batcher_llm when it exists).")
 @click.option("--disaggregated", is_flag=True,
-              help="--backend trtllm engines: separate context and generation models "
-                   "(disaggregated serving, two GPUs).")
+              help="Separate context (prefill) and generation (decode) models behind the "
+                   "ensemble, each with its own --context-… / --generation-… parameters "
+                   "(trtllm engines: TensorRT-LLM's disaggregated repository, two GPUs).")
 @dataclass_options(SchedulerConfig, exclude=ENGINE_FIELDS, default_text="the engine's engine.json value, else {default}")
+@_phase_options
 def emit_repo_command(engine_dir: str, repo_dir: str, device: str,
                       triton_max_batch_size: int | None, exclude_input_in_output: bool,
                       kv_cache_memory: str | None, trtllm_models_dir: str | None,
-                      disaggregated: bool, **scheduler: object) -> None:
+                      disaggregated: bool, **options: object) -> None:
     """Write a Triton model repository (model `ensemble`) serving ENGINE_DIR into REPO_DIR.
 
     Scheduling options given here are written into ensemble/config.pbtxt as parameters; the
     others get the engine's defaults. Edit them there later: the model checks them when loading.
+    With --disaggregated, the --context-… and --generation-… options go into context/ and
+    generation/config.pbtxt instead.
     """
     from .emit import emit_repo  # noqa: PLC0415 - keeps `trtforge --help` fast
 
+    phase_opts = {k: v for k, v in options.items() if "__" in k}
+    scheduler = {k: v for k, v in options.items() if "__" not in k and v is not None}
     try:
+        phases = _phase_values(phase_opts, disaggregated)
         repo = emit_repo(engine_dir, repo_dir, device=device,
                          triton_max_batch_size=triton_max_batch_size,
                          exclude_input_in_output=exclude_input_in_output,
                          kv_cache_memory=kv_cache_memory,
                          trtllm_models_dir=trtllm_models_dir, disaggregated=disaggregated,
-                         **{k: v for k, v in scheduler.items() if v is not None})
+                         **phases, **scheduler)
     except (ValueError, FileNotFoundError) as exc:
         raise click.ClickException(str(exc)) from None
-    click.echo(f"Wrote Triton model repository {repo} (model `ensemble`). "
+    models = "`ensemble`, `context`, `generation`" if phases else "`ensemble`"
+    click.echo(f"Wrote Triton model repository {repo} (models {models}). "
                f"Serve it with: trtforge serve {repo}")
+
+
+def _phase_values(options: dict[str, object], disaggregated: bool) -> dict[str, object]:
+    """{"context": PhaseOptions, "generation": PhaseOptions} from the --context-… / --generation-…
+    options (empty without --disaggregated, where giving one is an error)."""
+    given = sorted(k for k, v in options.items()
+                   if v is not None and v != "" and not (k.endswith("__instances") and v == 1))
+    if not disaggregated:
+        if given:
+            flags = ", ".join("--" + k.replace("__", "-").replace("_", "-") for k in given)
+            raise ValueError(f"{flags}: phase options need --disaggregated")
+        return {}
+    from .disaggregated import PhaseOptions  # noqa: PLC0415
+
+    out = {}
+    for phase in (D.CONTEXT, D.GENERATION):
+        mine = {k.split("__", 1)[1]: v for k, v in options.items() if k.startswith(phase + "__")}
+        out[phase] = PhaseOptions(
+            scheduler={k: mine[k] for k in D.scheduler_fields(phase) if mine.get(k) is not None},
+            kv_cache_memory=mine.get("kv_cache_memory"), cpus=mine.get("cpus") or "",
+            cpu_threads=mine.get("cpu_threads"), instances=mine.get("instances") or 1,
+            handoff_timeout_s=mine.get("handoff_timeout_s"))
+    return out
 
 
 class _Shutdown(Exception):

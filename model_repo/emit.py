@@ -125,12 +125,15 @@ def emit_repo(engine_dir: str | os.PathLike, repo_dir: str | os.PathLike, *,
               exclude_input_in_output: bool = False, drain_timeout_s: float = 5.0,
               kv_cache_memory: str | None = None,
               trtllm_models_dir: str | os.PathLike | None = None, disaggregated: bool = False,
-              **scheduler_overrides: Any) -> Path:
+              context: Any = None, generation: Any = None, **scheduler_overrides: Any) -> Path:
     """Write (or replace) the `ensemble` model of `repo_dir` for `engine_dir`.
 
     `scheduler_overrides` are SchedulerConfig fields (e.g. `max_batch_size=8`); they are validated
     here and written, with every other scheduling parameter, into ensemble/config.pbtxt. Other models
     already in `repo_dir` are left alone. Returns the repository path.
+
+    disaggregated: write `context` and `generation` models and a router `ensemble` instead
+    (model_repo/disaggregated.py); `context` / `generation` are their PhaseOptions.
     """
     engine_dir = Path(engine_dir).resolve()
     engine = _engine_json(engine_dir)
@@ -142,11 +145,25 @@ def emit_repo(engine_dir: str | os.PathLike, repo_dir: str | os.PathLike, *,
                                 exclude_input_in_output=exclude_input_in_output,
                                 kv_cache_memory=kv_cache_memory, models_dir=trtllm_models_dir,
                                 disaggregated=disaggregated, **scheduler_overrides)
-    if trtllm_models_dir is not None or disaggregated:
-        raise ValueError(f"--trtllm-models-dir and --disaggregated are for engines built with "
-                         f"--backend trtllm; {engine_dir} has backend {engine.get('backend', 'torch')!r}.")
+    if trtllm_models_dir is not None:
+        raise ValueError(f"--trtllm-models-dir is for engines built with --backend trtllm; "
+                         f"{engine_dir} has backend {engine.get('backend', 'torch')!r}.")
     if triton_max_batch_size is None:  # the batch dimension clients send; one prompt each
         triton_max_batch_size = int(engine.get("build", {}).get("max_batch_size", 64))
+    if disaggregated:
+        from .disaggregated import PhaseOptions, emit_disaggregated  # noqa: PLC0415
+
+        if scheduler_overrides or kv_cache_memory:
+            raise ValueError("with --disaggregated, scheduling options and the KV memory are each "
+                             "phase's own: use --context-… / --generation-… options (e.g. "
+                             "--context-prefill-chunk-size, --generation-max-batch-size, "
+                             "--context-kv-cache-memory)")
+        return emit_disaggregated(engine_dir, Path(repo_dir), engine, device=device,
+                                  triton_max_batch_size=triton_max_batch_size,
+                                  exclude_input_in_output=exclude_input_in_output,
+                                  drain_timeout_s=drain_timeout_s,
+                                  context=context or PhaseOptions(),
+                                  generation=generation or PhaseOptions())
     parameters = {
         P.ENGINE_DIR: str(engine_dir),
         P.DEVICE: device,

@@ -64,3 +64,16 @@ OUTPUTS: tuple[TensorSpec, ...] = (
     TensorSpec("num_input_tokens", "TYPE_INT32", (1,)),
     TensorSpec("num_output_tokens", "TYPE_INT32", (1,)),
 )
+
+
+PHASE_INPUTS: tuple[TensorSpec, ...] = (
+    _opt("request_type", "TYPE_STRING"),
+    _opt("context_phase_params", "TYPE_STRING"),
+    _opt("stop", "TYPE_BOOL"),
+)
+"""Inputs of the `context` and `generation` models of a disaggregated repository (TensorRT-LLM's
+names): request_type context_only | generation_only; context_phase_params, the handover the
+context model answered with; stop, the router's cancel of the request with the same request id."""
+
+PHASE_OUTPUTS: tuple[TensorSpec, ...] = (TensorSpec("context_phase_params", "TYPE_STRING", (-1,)),)
+"""Output of the `context` model: the KV handle (JSON) to pass to the generation model."""

@@ -36,6 +36,19 @@ _FAMILIES = [
      "max_queued_tokens).", "COUNTER"),
     ("requests_timed_out_total", "trtforge_requests_timed_out_total",
      "Requests aborted because they passed their deadline (timeout_s).", "COUNTER"),
+    # Disaggregated serving (context and generation models; 0 on a co-located model).
+    ("kv_handoffs_total", "trtforge_kv_handoffs_total",
+     "KV handoffs done: taken by a generation model (context model), imported (generation model).",
+     "COUNTER"),
+    ("kv_handoff_bytes_total", "trtforge_kv_handoff_bytes_total",
+     "Bytes of K/V copied for handoffs (context: into shared memory; generation: out of it).",
+     "COUNTER"),
+    ("kv_handoff_seconds_total", "trtforge_kv_handoff_seconds_total",
+     "Time spent copying K/V for handoffs.", "COUNTER"),
+    ("kv_handoffs_expired_total", "trtforge_kv_handoffs_expired_total",
+     "Handoffs the context model freed because no generation model took them in time.", "COUNTER"),
+    ("kv_handoff_blocks_held", "trtforge_kv_handoff_blocks_held",
+     "Shared-memory KV blocks held by handoffs not yet taken (context model).", "GAUGE"),
 ]
 
 
@@ -90,9 +103,10 @@ class EngineMetrics:
                 self._metrics[attr].increment(value - self._sent[attr])
                 self._sent[attr] = value
 
-    def observe_finished(self, request_metrics: Any, num_output_tokens: int) -> None:
-        """Record TTFT and TPOT of a request that just finished."""
-        ttft = time_to_first_token(request_metrics)
+    def observe_finished(self, request_metrics: Any, num_output_tokens: int, ttft: bool = True) -> None:
+        """Record TTFT and TPOT of a request that just finished (ttft=False: a generation model,
+        whose first token came from the context model)."""
+        ttft = time_to_first_token(request_metrics) if ttft else None
         if ttft is not None:
             self._metrics["ttft"].observe(ttft)
         tpot = time_per_output_token(request_metrics, num_output_tokens)

@@ -16,11 +16,17 @@ triton-inference-server/vllm_backend):
   `step()` fails the requests in flight, not the model.
 * `finalize()` stops accepting work, lets in-flight requests finish (up to
   `finalize_drain_timeout_s`), aborts the rest and joins the thread.
+
+The same file serves the phase models of a disaggregated repository (`phase` parameter, see
+model_repo/phases.py): `context` answers with the first token and `context_phase_params` (the KV
+handle), `generation` continues from one. Both take the router's `stop` control request (the
+python backend cannot cancel a BLS request), and may be pinned to CPU cores (`cpus`).
 """
 
 from __future__ import annotations
 
 import json
+import os
 import queue
 import threading
 import time
@@ -32,7 +38,8 @@ import numpy as np
 import triton_python_backend_utils as pb_utils
 
 from trtforge.model_repo import params as P
-from trtforge.model_repo.interface import INPUTS
+from trtforge.model_repo import phases as D
+from trtforge.model_repo.interface import INPUTS, PHASE_INPUTS
 from trtforge.model_repo.metrics import EngineMetrics
 from trtforge.model_repo.request import GenerationRequest, parse_request
 from trtforge.serving.core.scheduler import EngineOverloaded
@@ -49,14 +56,19 @@ class _Active:
     sender: Any
     logprobs: list[float] = field(default_factory=list)
     cum_logprob: float = 0.0
+    key: str = ""
+    """The router's id for it (phase models: what its `stop` control request names)."""
 
 
 class TritonPythonModel:
     def initialize(self, args: dict[str, str]) -> None:
-        from trtforge.serving.engine import LLMEngine  # noqa: PLC0415 - heavy, load-time only
-
         config = json.loads(args["model_config"])
         parameters = {k: v["string_value"] for k, v in config.get("parameters", {}).items()}
+        self.phase = parameters.get(D.PHASE) or D.BOTH
+        D.refuse_other_phase(self.phase, [k for k, v in parameters.items() if v != ""])
+        _place_on_cpus(parameters.get(D.CPUS, ""), parameters.get(D.CPU_THREADS, ""))
+        from trtforge.serving.engine import LLMEngine  # noqa: PLC0415 - heavy, load-time only
+
         engine_dir = Path(parameters.get(P.ENGINE_DIR, ""))
         if not parameters.get(P.ENGINE_DIR):
             raise ValueError(f"parameter {P.ENGINE_DIR!r} is missing from config.pbtxt; re-emit "
@@ -68,7 +80,8 @@ class TritonPythonModel:
         scheduler = P.scheduler_values(parameters)
         self.engine = LLMEngine.from_engine_dir(
             str(engine_dir), device=parameters.get(P.DEVICE, "cpu") or "cpu",
-            kv_cache_memory=parameters.get(P.KV_CACHE_MEMORY) or None, **scheduler)
+            kv_cache_memory=parameters.get(P.KV_CACHE_MEMORY) or None, phase=self.phase,
+            handoff_timeout_s=float(parameters.get(D.HANDOFF_TIMEOUT) or 30), **scheduler)
         describe = getattr(self.engine.executor, "describe", None)
         if describe is not None:
             pb_utils.Logger.log_info(f"trtforge engine {engine_dir}: {describe()}")
@@ -83,6 +96,7 @@ class TritonPythonModel:
         self._stop = threading.Event()
         self._lock = threading.Lock()  # guards _accepting against execute() during finalize()
         self._next_id = 0
+        self._by_key: dict[str, str] = {}  # the router's request id (Triton request_id) -> ours
         # Responses go out from their own thread, in order: a send is an IPC round trip to the
         # server, and while the engine thread is inside a kernel (which releases the GIL) the
         # sender thread can do it on the other core instead of adding it to the next step.
@@ -98,8 +112,14 @@ class TritonPythonModel:
     def execute(self, requests: list[Any]) -> None:
         for request in requests:
             sender = request.get_response_sender()
+            arrays = _inputs(request)
+            if self.phase != D.BOTH and _flag(arrays, D.STOP):  # the router's cancel: not a request
+                self._inbox.put((("stop", request.request_id(), ""), None, None))
+                _try_send(sender, None, FINAL)
+                continue
             try:
-                parsed = parse_request(_inputs(request), self.exclude_input_default)
+                parsed = parse_request(arrays, self.exclude_input_default)
+                phase_input = self._phase_input(arrays)
             except (ValueError, TypeError, OverflowError) as exc:
                 _send_error(sender, f"bad request: {exc}", "INVALID_ARG")
                 continue
@@ -109,8 +129,30 @@ class TritonPythonModel:
                                 "UNAVAILABLE")
                     continue
                 # Arrival is now: a deadline (timeout_s) counts the wait for the engine thread too.
-                self._inbox.put((parsed, sender, time.monotonic()))
+                self._inbox.put(((parsed, phase_input, request.request_id()), sender, time.monotonic()))
         return None
+
+    def _phase_input(self, arrays: dict[str, np.ndarray]) -> Any:
+        """Check request_type; the generation phase's KVHandle (from context_phase_params)."""
+        if self.phase == D.BOTH:
+            return None
+        kind = arrays.get(D.REQUEST_TYPE)
+        want = D.CONTEXT_ONLY if self.phase == D.CONTEXT else D.GENERATION_ONLY
+        if kind is not None and _text(kind) != want:
+            raise ValueError(f"{D.REQUEST_TYPE}={_text(kind)!r}: the {self.phase} model serves "
+                             f"{want} requests only")
+        if self.phase == D.CONTEXT:
+            return None
+        params = arrays.get(D.CONTEXT_PHASE_PARAMS)
+        if params is None:
+            raise ValueError(f"a generation_only request needs {D.CONTEXT_PHASE_PARAMS} (from the "
+                             "context model's response)")
+        from trtforge.serving.kv_connector import HandoffError, KVHandle  # noqa: PLC0415
+
+        try:
+            return KVHandle.from_json(_text(params))
+        except HandoffError as exc:
+            raise ValueError(str(exc)) from None
 
     def finalize(self) -> None:
         with self._lock:
@@ -120,6 +162,7 @@ class TritonPythonModel:
             time.sleep(0.05)
         self._stop.set()
         self._thread.join(timeout=30)
+        self.engine.close()
         self._outbox.put(None)  # after the engine thread's last responses: send them, then stop
         self._sender_thread.join(timeout=30)
 
@@ -140,6 +183,8 @@ class TritonPythonModel:
         if self.engine.has_unfinished():
             for output in self.engine.step():
                 self._dispatch(output)
+        else:
+            self.engine.poll()  # handoffs taken or expired while idle
         self.metrics.update(self.engine.stats())
 
     def _admit(self, block: bool) -> None:
@@ -148,22 +193,38 @@ class TritonPythonModel:
         except queue.Empty:
             return
         while item is not None:
-            parsed, sender, arrived = item
+            (parsed, handle, key), sender, arrived = item
+            if parsed == "stop":
+                if handle in self._by_key:
+                    self._abort(self._by_key[handle], send_final=True)
+                item = self._next_item()
+                continue
             self._next_id += 1
             request_id = f"triton-{self._next_id}"
             try:
-                self.engine.add_request(parsed.prompt, parsed.params, request_id=request_id,
-                                        arrival_time=arrived)
+                if handle is not None:
+                    self.engine.add_handoff(handle, parsed.params, request_id=request_id,
+                                            arrival_time=arrived)
+                else:
+                    self.engine.add_request(parsed.prompt, parsed.params, request_id=request_id,
+                                            arrival_time=arrived)
             except EngineOverloaded as exc:  # the waiting queue is full: refused now, not queued
                 self._send(None, sender, _error_response(str(exc), "UNAVAILABLE"), FINAL)
             except ValueError as exc:  # prompt too long, bad stop words, …: this request only
                 self._send(None, sender, _error_response(f"bad request: {exc}", "INVALID_ARG"), FINAL)
+            except RuntimeError as exc:  # a handoff that cannot be taken (HandoffError)
+                self._send(None, sender, _error_response(str(exc), "UNAVAILABLE"), FINAL)
             else:
-                self._active[request_id] = _Active(parsed, sender)
-            try:
-                item = self._inbox.get_nowait()
-            except queue.Empty:
-                item = None
+                self._active[request_id] = _Active(parsed, sender, key=key)
+                if key:
+                    self._by_key[key] = request_id
+            item = self._next_item()
+
+    def _next_item(self) -> Any:
+        try:
+            return self._inbox.get_nowait()
+        except queue.Empty:
+            return None
 
     def _abort_cancelled(self) -> None:
         while True:  # clients the sender thread found gone
@@ -177,6 +238,8 @@ class TritonPythonModel:
 
     def _abort(self, request_id: str, send_final: bool) -> None:
         active = self._active.pop(request_id, None)
+        if active is not None:
+            self._by_key.pop(active.key, None)
         self.engine.abort(request_id)  # frees its KV blocks now
         if active is not None and send_final:
             self._send(None, active.sender, None, FINAL)
@@ -184,6 +247,7 @@ class TritonPythonModel:
     def _fail_all(self, message: str) -> None:
         for request_id in list(self._active):
             active = self._active.pop(request_id)
+            self._by_key.pop(active.key, None)
             self.engine.abort(request_id)
             self._send(None, active.sender, _error_response(message), FINAL)
 
@@ -204,6 +268,7 @@ class TritonPythonModel:
             return
         if output.error or output.finish_reason in ("error", "abort"):
             self._active.pop(output.request_id)
+            self._by_key.pop(active.key, None)
             code = "UNAVAILABLE" if output.finish_reason == "timeout" else "INTERNAL"
             self._send(None, active.sender,
                        _error_response(output.error or f"request {output.finish_reason}ed", code), FINAL)
@@ -214,7 +279,10 @@ class TritonPythonModel:
             active.cum_logprob = output.cum_logprob
         if output.finished:
             self._active.pop(output.request_id)
-            self.metrics.observe_finished(output.metrics, len(output.output_token_ids))
+            self._by_key.pop(active.key, None)
+            generation = self.phase == D.GENERATION  # its first token came from the context model
+            self.metrics.observe_finished(output.metrics, len(output.output_token_ids) - generation,
+                                          ttft=not generation)
         response = self._response(active, output, new_logprobs)
         flags = FINAL if output.finished else 0
         if response is not None or flags:
@@ -223,6 +291,16 @@ class TritonPythonModel:
     def _response(self, active: _Active, output: Any, new_logprobs: list[float]) -> Any:
         """The response to send for this output, or None if there is nothing to send yet."""
         req = active.request
+        if output.kv_handle is not None:  # context phase: the first token and the KV handle
+            tensors = [pb_utils.Tensor("text_output", np.array([[output.text_delta.encode("utf-8")]],
+                                                               dtype=object)),
+                       pb_utils.Tensor(D.CONTEXT_PHASE_PARAMS, np.array(
+                           [[output.kv_handle.to_json().encode("utf-8")]], dtype=object))]
+            if req.return_log_probs:
+                tensors += [pb_utils.Tensor("cum_log_probs", np.array([[active.cum_logprob]], dtype=np.float32)),
+                            pb_utils.Tensor("output_log_probs",
+                                            np.array([[new_logprobs]], dtype=np.float32).reshape(1, 1, -1))]
+            return pb_utils.InferenceResponse(output_tensors=tensors)
         if req.stream:
             if not output.text_delta and not (req.return_log_probs and new_logprobs):
                 return None
@@ -246,11 +324,37 @@ class TritonPythonModel:
 
 def _inputs(request: Any) -> dict[str, np.ndarray]:
     arrays = {}
-    for spec in INPUTS:
+    for spec in INPUTS + PHASE_INPUTS:
         tensor = pb_utils.get_input_tensor_by_name(request, spec.name)
         if tensor is not None:
             arrays[spec.name] = tensor.as_numpy()
     return arrays
+
+
+def _text(arr: np.ndarray) -> str:
+    value = np.asarray(arr).reshape(-1)[0]
+    return value.decode("utf-8") if isinstance(value, bytes) else str(value)
+
+
+def _flag(arrays: dict[str, np.ndarray], name: str) -> bool:
+    arr = arrays.get(name)
+    return arr is not None and bool(np.asarray(arr).reshape(-1)[0])
+
+
+def _place_on_cpus(cpus: str, threads: str) -> None:
+    """Pin this process (and the threads it starts from now on) to `cpus`; size torch's pool."""
+    cores = D.parse_cpus(cpus)
+    if cores:
+        available = os.sched_getaffinity(0)
+        if not cores <= available:
+            raise ValueError(f"parameter {D.CPUS}={cpus!r}: cores {sorted(cores - available)} are not "
+                             f"available to this server (it may use {sorted(available)})")
+        os.sched_setaffinity(0, cores)
+    n = int(threads) if threads else len(cores)
+    if n:
+        import torch  # noqa: PLC0415
+
+        torch.set_num_threads(n)
 
 
 def _int_tensor(name: str, value: int) -> Any:

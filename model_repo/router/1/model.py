@@ -1,0 +1,250 @@
+"""The router of a disaggregated repository (TensorRT-LLM's `disaggregated_serving_bls`).
+
+Copied into `<repo>/ensemble/1/model.py` by `trtforge emit-repo --disaggregated`: clients call
+`ensemble` with the interface they already use, and each request goes
+
+    ensemble (this model) ──BLS, request_type=context_only──▶ context      prompt KV + first token
+                          ◀── first token, context_phase_params (the KV handle) ──
+                          ──BLS, request_type=generation_only + handle──▶ generation   decode
+                          ◀── text deltas … final ──
+
+Both phases are always asked for streamed deltas without the prompt; this model forwards them
+to a streaming client as they come, or joins them into the one answer of a non-streamed request,
+so clients see exactly what the co-located model sends. Errors of either phase (a prompt too long
+for the context model, an expired handoff) are forwarded as that request's error.
+
+Cancellation: Triton 2.51's python backend cannot cancel a BLS request, so a watcher thread
+polls the clients' `is_cancelled()` and sends the phase model currently serving that request a
+`stop` request with the same request id; that model aborts it (freeing its KV blocks) and ends
+its stream. A handoff nobody takes (the client left between the phases) is freed by the context
+model after `handoff_timeout_s`.
+"""
+
+from __future__ import annotations
+
+import json
+import threading
+import time
+import uuid
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+import triton_python_backend_utils as pb_utils
+
+from trtforge.model_repo import phases as D
+from trtforge.model_repo.interface import INPUTS, OUTPUTS
+from trtforge.model_repo.request import parse_request
+
+FINAL = pb_utils.TRITONSERVER_RESPONSE_COMPLETE_FINAL
+_WATCH_S = 0.02  # how often the watcher looks for cancelled clients
+_OUTPUT_NAMES = [s.name for s in OUTPUTS] + [D.CONTEXT_PHASE_PARAMS]
+
+
+@dataclass
+class _Flight:
+    """A request being routed: its client, and the phase model now serving it."""
+
+    sender: Any
+    model: str
+    stopped: bool = False
+    text: list[str] = field(default_factory=list)
+    logprobs: list[float] = field(default_factory=list)
+    cum_logprob: float | None = None
+    num_tokens: dict[str, int] = field(default_factory=dict)
+    final_sent: bool = False
+    """The client got its final response: its sender must not be touched again (Triton 2.51
+    crashes in ResponseFactoryIsCancelled on a completed request)."""
+
+
+class TritonPythonModel:
+    def initialize(self, args: dict[str, str]) -> None:
+        config = json.loads(args["model_config"])
+        parameters = {k: v["string_value"] for k, v in config.get("parameters", {}).items()}
+        self.context_model = parameters.get(D.CONTEXT_MODEL) or D.CONTEXT
+        self.generation_model = parameters.get(D.GENERATION_MODEL) or D.GENERATION
+        self.exclude_input_default = parameters.get("exclude_input_in_output", "false") == "true"
+        self._flights: dict[str, _Flight] = {}
+        self._lock = threading.Lock()
+        self._accepting = True
+        self._done = threading.Event()
+        self._watcher = threading.Thread(target=self._watch, name="trtforge-router-cancel", daemon=True)
+        self._watcher.start()
+
+    def execute(self, requests: list[Any]) -> None:
+        for request in requests:
+            sender = request.get_response_sender()
+            inputs = {t.name(): t for t in request.inputs()}
+            try:
+                parsed = parse_request({k: t.as_numpy() for k, t in inputs.items()
+                                        if k in _INPUT_NAMES}, self.exclude_input_default)
+            except (ValueError, TypeError, OverflowError) as exc:
+                _send(sender, _error(f"bad request: {exc}", "INVALID_ARG"), FINAL)
+                continue
+            with self._lock:
+                if not self._accepting:
+                    _send(sender, _error("the model is being unloaded; retry on another instance.",
+                                         "UNAVAILABLE"), FINAL)
+                    continue
+                key = uuid.uuid4().hex
+                self._flights[key] = _Flight(sender, self.context_model)
+            threading.Thread(target=self._route, args=(key, parsed, inputs), daemon=True,
+                             name=f"trtforge-route-{key[:8]}").start()
+        return None
+
+    def finalize(self) -> None:
+        with self._lock:
+            self._accepting = False
+        deadline = time.monotonic() + 10
+        while self._flights and time.monotonic() < deadline:
+            time.sleep(0.05)
+        self._done.set()
+        self._watcher.join(timeout=5)
+
+    # -- one request ---------------------------------------------------------------------------
+    def _route(self, key: str, parsed: Any, inputs: dict[str, Any]) -> None:
+        flight = self._flights[key]
+        try:
+            handle = self._phase(key, flight, parsed, self.context_model, inputs,
+                                 D.CONTEXT_ONLY, None)
+            if handle is not None and not flight.stopped:
+                flight.model = self.generation_model
+                self._phase(key, flight, parsed, self.generation_model, inputs,
+                            D.GENERATION_ONLY, handle)
+            if not parsed.stream and not flight.stopped and flight.num_tokens:
+                self._final(flight, self._joined(flight, parsed))  # one response, as co-located
+            else:
+                self._final(flight, None)
+        except _PhaseError as exc:
+            self._final(flight, exc.response)
+        except Exception as exc:  # noqa: BLE001 - answer the client whatever went wrong
+            self._final(flight, _error(f"routing failed: {type(exc).__name__}: {exc}"))
+        finally:
+            with self._lock:
+                self._flights.pop(key, None)
+
+    def _final(self, flight: _Flight, response: Any) -> None:
+        """Send the client's last response (once): first take it off the watcher's list."""
+        with self._lock:
+            if flight.final_sent:
+                return
+            flight.final_sent = True
+        _send(flight.sender, response, FINAL)
+
+    def _phase(self, key: str, flight: _Flight, parsed: Any, model: str, inputs: dict[str, Any],
+               request_type: str, handle: bytes | None) -> bytes | None:
+        """Run one phase, forwarding (or collecting) its deltas; the context phase's handle."""
+        tensors = [t for name, t in inputs.items()
+                   if name not in ("stream", "exclude_input_in_output", D.REQUEST_TYPE,
+                                   D.CONTEXT_PHASE_PARAMS, D.STOP)]
+        tensors += [_bool("stream", True), _bool("exclude_input_in_output", True),
+                    _bytes(D.REQUEST_TYPE, request_type.encode())]
+        if handle is not None:
+            tensors.append(_bytes(D.CONTEXT_PHASE_PARAMS, handle))
+        request = pb_utils.InferenceRequest(model_name=model, inputs=tensors, request_id=key,
+                                            requested_output_names=_OUTPUT_NAMES)
+        handed = None
+        for response in request.exec(decoupled=True):
+            if response.has_error():
+                err = response.error()
+                raise _PhaseError(pb_utils.InferenceResponse(error=err))
+            outputs = {t.name(): t for t in response.output_tensors()}
+            if not outputs:
+                continue
+            if D.CONTEXT_PHASE_PARAMS in outputs:
+                handed = outputs.pop(D.CONTEXT_PHASE_PARAMS).as_numpy().reshape(-1)[0]
+            self._forward(flight, parsed, outputs)
+        return handed
+
+    def _forward(self, flight: _Flight, parsed: Any, outputs: dict[str, Any]) -> None:
+        text = outputs["text_output"].as_numpy().reshape(-1)[0] if "text_output" in outputs else b""
+        text = text.decode("utf-8") if isinstance(text, bytes) else str(text)
+        new_logprobs = (outputs["output_log_probs"].as_numpy().reshape(-1).tolist()
+                        if "output_log_probs" in outputs else [])
+        if "cum_log_probs" in outputs:
+            flight.cum_logprob = float(outputs["cum_log_probs"].as_numpy().reshape(-1)[0])
+        for name in ("num_input_tokens", "num_output_tokens"):
+            if name in outputs:
+                flight.num_tokens[name] = int(outputs[name].as_numpy().reshape(-1)[0])
+        flight.text.append(text)
+        flight.logprobs += new_logprobs
+        if parsed.stream and (text or new_logprobs or "num_output_tokens" in outputs):
+            names = [n for n in ("text_output", "cum_log_probs", "output_log_probs",
+                                 "num_input_tokens", "num_output_tokens") if n in outputs]
+            tensors = [pb_utils.Tensor(n, outputs[n].as_numpy()) for n in names]
+            response = pb_utils.InferenceResponse(output_tensors=tensors)
+            if "num_output_tokens" in outputs:  # the phase model's last answer
+                self._final(flight, response)
+            else:
+                _send(flight.sender, response, 0)
+
+    @staticmethod
+    def _joined(flight: _Flight, parsed: Any) -> Any:
+        """The one answer of a non-streamed request, as the co-located model builds it."""
+        text = "".join(flight.text)
+        if not parsed.exclude_input:
+            text = parsed.prompt + text
+        tensors = [pb_utils.Tensor("text_output", np.array([[text.encode("utf-8")]], dtype=object))]
+        if parsed.return_log_probs:
+            tensors.append(pb_utils.Tensor("cum_log_probs", np.array([[flight.cum_logprob or 0.0]],
+                                                                     dtype=np.float32)))
+            tensors.append(pb_utils.Tensor("output_log_probs", np.array(
+                [[flight.logprobs]], dtype=np.float32).reshape(1, 1, -1)))
+        for name, value in flight.num_tokens.items():
+            tensors.append(pb_utils.Tensor(name, np.array([[value]], dtype=np.int32)))
+        return pb_utils.InferenceResponse(output_tensors=tensors)
+
+    # -- cancellation --------------------------------------------------------------------------
+    def _watch(self) -> None:
+        while not self._done.wait(_WATCH_S):
+            with self._lock:
+                gone = [(k, f) for k, f in self._flights.items()
+                        if not f.stopped and not f.final_sent and f.sender.is_cancelled()]
+            for key, flight in gone:
+                flight.stopped = True
+                self._stop(key, flight.model)
+
+    @staticmethod
+    def _stop(key: str, model: str) -> None:
+        """Ask `model` to abort the request `key` (frees its KV blocks; its stream ends)."""
+        request = pb_utils.InferenceRequest(
+            model_name=model, request_id=key, requested_output_names=["text_output"],
+            inputs=[_bytes("text_input", b""), pb_utils.Tensor("max_tokens", np.array([[1]], dtype=np.int32)),
+                    _bool(D.STOP, True)])
+        try:
+            for _ in request.exec(decoupled=True):
+                pass
+        except Exception as exc:  # noqa: BLE001 - the model may be gone; nothing is held then
+            pb_utils.Logger.log_warn(f"trtforge router: stop of {key} on {model} failed: {exc}")
+
+
+_INPUT_NAMES = {s.name for s in INPUTS}
+
+
+class _PhaseError(Exception):
+    def __init__(self, response: Any) -> None:
+        super().__init__("phase failed")
+        self.response = response
+
+
+def _bool(name: str, value: bool) -> Any:
+    return pb_utils.Tensor(name, np.array([[value]], dtype=bool))
+
+
+def _bytes(name: str, value: bytes) -> Any:
+    return pb_utils.Tensor(name, np.array([[value]], dtype=object))
+
+
+def _send(sender: Any, response: Any, flags: int) -> bool:
+    try:
+        if response is None:
+            sender.send(flags=flags)
+        else:
+            sender.send(response, flags=flags)
+        return True
+    except Exception:  # noqa: BLE001 - the client has gone away
+        return False
+
+
+def _error(message: str, code: str = "INTERNAL") -> Any:
+    return pb_utils.InferenceResponse(error=pb_utils.TritonError(message, getattr(pb_utils.TritonError, code)))
