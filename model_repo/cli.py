@@ -15,6 +15,7 @@ from trtforge.model_repo.params import ENGINE_FIELDS
 
 from .bench.serve import serve as bench_serve_command  # noqa: F401  (`trtforge bench serve`)
 from .bench.soak_cli import soak as bench_soak_command  # noqa: F401  (`trtforge bench soak`)
+from .bench.disagg_report import disaggregated as bench_disagg_command  # noqa: F401  (`trtforge bench disaggregated`)
 
 
 def _phase_options(fn):

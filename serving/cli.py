@@ -135,8 +135,8 @@ def _add_optional_commands() -> None:
     """Sub-commands living next to what they drive: ONNX/TensorRT (builder), benchmarks (here), and
     the Triton side (model_repo, a later stage: reached only from this entry point, lazily)."""
     from trtforge.builder.tensorrt.cli import export_onnx_cmd, verify_onnx_cmd
-    from trtforge.model_repo.cli import (bench_serve_command, bench_soak_command, client_command, emit_repo_command,
-                                         serve_command)
+    from trtforge.model_repo.cli import (bench_disagg_command, bench_serve_command, bench_soak_command,
+                                         client_command, emit_repo_command, serve_command)
 
     from .bench.cli import bench
 
@@ -144,6 +144,7 @@ def _add_optional_commands() -> None:
         main.add_command(cmd)
     bench.add_command(bench_serve_command)
     bench.add_command(bench_soak_command)
+    bench.add_command(bench_disagg_command)
 
 
 _add_optional_commands()
