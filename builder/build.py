@@ -109,6 +109,7 @@ def _quantization(build: BuildConfig, model: ModelConfig) -> dict[str, Any] | No
     build.check_quantization_shapes(quantized_in_features(model))
     return {"scheme": build.quantization, "group_size": build.group_size if build.quantization == "int4_wo" else None,
             "layers": [p for p in QUANTIZED_LAYERS if p in quantized_in_features(model)], "scales_dtype": "float32",
+            "lm_head": "int8_wo" if build.quantize_lm_head else None,
             "method": "symmetric round-to-nearest, weight-only"}
 
 

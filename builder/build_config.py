@@ -47,7 +47,9 @@ class BuildConfig:
     kv_cache_dtype: str = "auto"
     """KV cache storage: auto (the model dtype) | int8 (symmetric int8 with one float32 scale per token and KV head, written by the attention op and dequantised when read: per token 2·layers·kv_heads·(head_dim + 4) bytes, so the same --kv-cache-memory holds 4D/(D+4) ≈ 3.8x the blocks of float32, 2D/(D+4) ≈ 1.9x those of bfloat16/float16). torch backend, CPU only."""
     quantization: str = "none"
-    """Weight-only quantisation of the decoder's linear layers (fused q/k/v, o, gate/up, down): none | int8_wo (int8, one float32 scale per output channel) | int4_wo (int4 packed two per byte, one float32 scale per --group-size inputs). Embeddings, the LM head, norms and biases stay in --dtype. torch backend only."""
+    """Weight-only quantisation of the decoder's linear layers (fused q/k/v, o, gate/up, down): none | int8_wo (int8, one float32 scale per output channel) | int4_wo (int4 packed two per byte, one float32 scale per --group-size inputs). The LM head too, as int8 per output channel (see --quantize-lm-head); embeddings, norms and biases stay in --dtype. torch backend only."""
+    quantize_lm_head: bool = True
+    """With --quantization: store the LM head as int8 with one float32 scale per vocabulary row (for int4_wo too) and run it through the quantized GEMV. A tied head is the embedding table: token embeddings are then dequantised from the same int8 rows (no float copy is kept). --no-quantize-lm-head keeps the head (and a tied embedding) in --dtype."""
     group_size: int = 128
     """Inputs sharing one int4_wo scale; must be even and divide every quantized layer's in_features (multiples of 8 use the C kernels)."""
     allow_pickle: bool = False

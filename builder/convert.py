@@ -21,7 +21,7 @@ from trtforge.plugins.cpu.quant_linear import quantize
 from .checkpoint import TensorReader
 from .errors import BuildError
 from .model_config import ModelConfig
-from .quant_linear import is_quantized_weight
+from .quant_linear import is_quantized_weight, quantized_head_source
 from .rope import compute_inv_freq
 from .safetensors_stream import StreamingSafetensorsWriter
 
@@ -105,10 +105,21 @@ def _quantized_layout(item: Item, quant: dict[str, Any]) -> list[tuple[str, torc
             (f"{prefix}.scales", torch.float32, (n, k // quant["group_size"]))]
 
 
-def _layout(items: list[Item], dtype: torch.dtype, quant: dict[str, Any] | None) -> list[tuple[str, torch.dtype, tuple[int, ...]]]:
+def _head_layout(item: Item, scheme: str) -> list[tuple[str, torch.dtype, tuple[int, ...]]]:
+    """The quantized LM head (builder/quant_linear.py): int8 per vocabulary row."""
+    return _quantized_layout(Item("head_linear.weight", item.sources, item.combine, item.shape), {"scheme": scheme})
+
+
+def _layout(items: list[Item], dtype: torch.dtype, quant: dict[str, Any] | None,
+            head: str | None) -> list[tuple[str, torch.dtype, tuple[int, ...]]]:
     layout = []
     for i in items:
-        layout += _quantized_layout(i, quant) if quant and is_quantized_weight(i.ours) else [(i.ours, dtype, i.shape)]
+        if i.ours == head:
+            layout += _head_layout(i, quant["lm_head"])  # type: ignore[index]
+        elif quant and is_quantized_weight(i.ours):
+            layout += _quantized_layout(i, quant)
+        else:
+            layout.append((i.ours, dtype, i.shape))
     return layout
 
 
@@ -125,14 +136,18 @@ def convert(cfg: ModelConfig, spec: ArchSpec, reader: TensorReader, hf_config: A
         inv_freq, scaling = compute_inv_freq(hf_config, cfg.rope_type, cfg.rope_theta, cfg.head_dim)
         cfg.rope_attention_scaling = scaling
         extra.append(("rope_inv_freq", inv_freq))
-    layout = _layout(items, dtype, quant) + [(n, t.dtype, tuple(t.shape)) for n, t in extra]
+    head = quantized_head_source(cfg, quant)
+    layout = _layout(items, dtype, quant, head) + [(n, t.dtype, tuple(t.shape)) for n, t in extra]
     writer = StreamingSafetensorsWriter(out, layout, {"format": "pt", "producer": "trtforge"})
     params = written = 0
     try:
         for item in tqdm(items, desc="converting", unit="tensor", disable=not progress):
             tensor = _combine(item, [reader.get(s) for s in item.sources])
             params += tensor.numel()
-            if quant and is_quantized_weight(item.ours):
+            if item.ours == head:  # the LM head (a tied one: the embedding table), int8 per row
+                parts = zip(("qweight", "scales"), quantize(tensor, quant["lm_head"], 0))  # type: ignore[index]
+                outputs = [(f"head_linear.{name}", t) for name, t in parts]
+            elif quant and is_quantized_weight(item.ours):
                 parts = zip(("qweight", "scales"), quantize(tensor, quant["scheme"], quant.get("group_size") or 0))
                 outputs = [(f"{item.ours[: -len('.weight')]}.{name}", t) for name, t in parts]
             else:

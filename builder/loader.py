@@ -45,7 +45,7 @@ def _network(cfg: EngineConfig, rank: int = 0) -> CausalLM:
     if cfg.quantization:  # the decoder's linears hold packed weights and scales (quant_linear.py)
         from .quant_linear import quantize_layers
 
-        quantize_layers(network, cfg.quantization)
+        quantize_layers(network, cfg.quantization, torch_dtype(cfg))
     return network
 
 

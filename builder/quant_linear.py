@@ -1,8 +1,14 @@
 """The decoder's linear layers with weight-only quantized weights (build-engine --quantization).
 
 Which layers: the ones the network fuses — attention's qkv and o_proj, the MLP's gate_up (or up) and
-down. Embeddings, the LM head, norms and biases stay in the engine dtype: the head is the one layer
-whose error reaches the logits unmixed, and embeddings are only gathered a row at a time.
+down — and, unless built with --no-quantize-lm-head, the LM head: int8 with one scale per vocabulary
+row whatever the scheme (the head's error reaches the logits unmixed, so it gets the finer step;
+for a 0.5B model with a 151936-row tied head the float32 head was 60-74 % of a quantized decode
+step's bytes). It is the network's `head_linear`, stored as `head_linear.qweight`/`.scales`. A tied
+head is the embedding table: `QuantEmbedding` then looks tokens up in the same int8 rows and
+dequantises them (each embedding off by at most its row's scale / 2), so no float copy is kept.
+Norms, biases and an untied embedding table stay in the engine dtype (embeddings are only gathered
+a row at a time).
 
 How a `QuantLinear` computes (the quantisation math: plugins/cpu/quant_linear.py):
   * float32 on CPU, ≤ GEMV_MAX_ROWS rows (decode): the C kernel, dequantising in registers;
@@ -54,6 +60,9 @@ class QuantLinear(nn.Module):
         self.register_buffer("qweight", torch.empty(q_shape, dtype=q_dtype))
         self.register_buffer("scales", torch.empty(s_shape, dtype=torch.float32))
         self.bias = nn.Parameter(torch.empty(out_features)) if bias else None
+        self.gemv_only = False
+        """Never dequantise the whole layer (the LM head: a float32 copy of it would be as big as the
+        memory quantising it saves): more rows run the GEMV GEMV_MAX_ROWS rows at a time."""
 
     def extra_repr(self) -> str:
         group = f", group_size={self.group}" if self.group else ""
@@ -64,14 +73,38 @@ class QuantLinear(nn.Module):
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         if ql.kernel_ok(x, self.in_features, self.group or 8):
-            if x.numel() // self.in_features <= GEMV_MAX_ROWS:
+            rows = x.numel() // self.in_features
+            if rows <= GEMV_MAX_ROWS:
                 return ql.gemv(x, self.qweight, self.scales, self.bias, self.scheme, self.group)
+            if self.gemv_only:
+                flat = x.reshape(rows, self.in_features)
+                return torch.cat([ql.gemv(flat[i:i + GEMV_MAX_ROWS], self.qweight, self.scales, self.bias,
+                                          self.scheme, self.group) for i in range(0, rows, GEMV_MAX_ROWS)]
+                                 ).view(*x.shape[:-1], self.out_features)
             w = ql.dequantize_into(_scratch_for(self.out_features, self.in_features), self.qweight, self.scales,
                                    self.scheme, self.group)
             if cpu_linears_wanted(x.device, x.dtype):
                 return onednn_linear(x, w, self.bias)
             return F.linear(x, w, self.bias)
         return F.linear(x, self.dequantized(x.dtype), self.bias)  # the reference
+
+
+class QuantEmbedding(nn.Module):
+    """Token embeddings read from a quantized tied LM head (int8, one scale per vocabulary row):
+    row t = qweight[t] * scales[t], in `dtype`. Holds no tensors of its own (the head owns them)."""
+
+    def __init__(self, head: QuantLinear, dtype: torch.dtype):
+        super().__init__()
+        self._head = (head,)  # a tuple: not a submodule, so the state dict names the tensors once
+        self.dtype = dtype
+
+    def forward(self, input_ids: torch.Tensor, out: torch.Tensor | None = None) -> torch.Tensor:
+        head = self._head[0]
+        rows = head.qweight.index_select(0, input_ids)
+        scales = head.scales.index_select(0, input_ids).unsqueeze(1)
+        if out is not None:  # float32 [T, H] (the CPU decode plan's buffer)
+            return torch.mul(rows, scales, out=out)
+        return (rows * scales).to(self.dtype)
 
 
 def quantized_in_features(cfg: ModelConfig) -> dict[str, int]:
@@ -81,9 +114,20 @@ def quantized_in_features(cfg: ModelConfig) -> dict[str, int]:
             "mlp.down": cfg.intermediate_size}
 
 
-def quantize_layers(network: nn.Module, quantization: dict[str, Any]) -> nn.Module:
+def quantize_layers(network: nn.Module, quantization: dict[str, Any], dtype: torch.dtype = torch.float32) -> nn.Module:
     """Replace the decoder's nn.Linear layers named in QUANTIZED_LAYERS by QuantLinears of the same
-    shape (engine.json's `quantization`: scheme, group_size), in place; build on meta, then load."""
+    shape (engine.json's `quantization`: scheme, group_size), in place; build on meta, then load.
+    quantization["lm_head"] ("int8_wo"; absent in engines built before it: None): the LM head too,
+    as `network.head_linear` (a tied embedding then reads it: QuantEmbedding, in `dtype`)."""
+    cfg = network.cfg
+    if quantization.get("lm_head"):
+        head = QuantLinear(cfg.hidden_size, cfg.vocab_size, False, quantization["lm_head"], 0)
+        head.gemv_only = True
+        network.head_linear = head
+        if cfg.tie_word_embeddings:
+            network.embed_tokens = QuantEmbedding(head, dtype)
+        else:
+            del network.lm_head
     for layer in network.layers:
         for path in QUANTIZED_LAYERS:
             parent_name, _, name = path.rpartition(".")
@@ -93,6 +137,14 @@ def quantize_layers(network: nn.Module, quantization: dict[str, Any]) -> nn.Modu
                 setattr(parent, name, QuantLinear(old.in_features, old.out_features, old.bias is not None,
                                                   quantization["scheme"], int(quantization.get("group_size") or 0)))
     return network
+
+
+def quantized_head_source(cfg: ModelConfig, quantization: dict[str, Any] | None) -> str | None:
+    """The converted tensor stored as the quantized LM head (`head_linear.qweight`/`.scales`):
+    lm_head.weight, or embed_tokens.weight when tied; None when the head is not quantized."""
+    if not quantization or not quantization.get("lm_head"):
+        return None
+    return "embed_tokens.weight" if cfg.tie_word_embeddings else "lm_head.weight"
 
 
 def is_quantized_weight(name: str) -> bool:

@@ -101,10 +101,12 @@ def cpu_linears_wanted(device: torch.device, dtype: torch.dtype) -> bool:
 
 def use_cpu_linears(network: nn.Module) -> nn.Module:
     """Replace every nn.Linear of `network` by a CpuLinear on the same tensors, and give it a
-    CpuLinear LM head (on the embedding table itself when tied), in place."""
-    network.head_linear = CpuLinear(network.lm_head_weight(), None)
-    if not network.cfg.tie_word_embeddings:
-        del network.lm_head  # head_linear holds the same tensor
+    CpuLinear LM head (on the embedding table itself when tied), in place. A head the network
+    already has (a quantized one: builder/quant_linear.py) stays."""
+    if network.head_linear is None:
+        network.head_linear = CpuLinear(network.lm_head_weight(), None)
+        if not network.cfg.tie_word_embeddings:
+            del network.lm_head  # head_linear holds the same tensor
     for parent in list(network.modules()):
         for name, child in list(parent.named_children()):
             if isinstance(child, nn.Linear):

@@ -17,7 +17,8 @@ everything else (prefill chunks, mixed steps, more than `GEMV_MAX_ROWS` tokens, 
 Llama-style networks qualify (RMSNorm, gated SiLU MLP, RoPE, no q/k norm); others keep the network
 path. Results equal the network's up to float32 rounding (tests/serving/worker/test_cpu_decode_plan.py).
 Weight-only quantized engines run the same plan with the quantized GEMV (plugins/cpu/quant_linear.c)
-for their decoder linears (QuantLinear); the LM head stays a float32 CpuLinear.
+for their decoder linears (QuantLinear) and their LM head when it is quantized too (a tied one also
+supplies the embeddings: QuantEmbedding dequantises the looked-up rows).
 """
 
 from __future__ import annotations
@@ -150,7 +151,10 @@ class CpuDecodePlan:
         c, net, m = self.cfg, self.network, inputs.meta
         t = inputs.num_tokens
         buf, calls, final = self._prepare(t)
-        torch.index_select(net.embed_tokens.weight, 0, inputs.input_ids, out=buf["residual"])
+        if isinstance(net.embed_tokens, torch.nn.Embedding):
+            torch.index_select(net.embed_tokens.weight, 0, inputs.input_ids, out=buf["residual"])
+        else:  # QuantEmbedding: rows of the int8 tied head
+            net.embed_tokens(inputs.input_ids, out=buf["residual"])
         cos, sin = rotary_cos_sin(inputs.positions, net.rope_inv_freq, c.rope_attention_scaling, torch.float32)
         threads = torch.get_num_threads()
         hq, hkv, d = c.num_heads, c.num_kv_heads, c.head_dim
@@ -181,6 +185,10 @@ class CpuDecodePlan:
         final[0](*final[1:])
         head = net.head_linear
         logits = torch.empty(t, head.out_features)
-        self.linear.trtforge_gemv(buf["h"].data_ptr(), t, head.weight.data_ptr(), None, logits.data_ptr(),
-                                  head.out_features, head.in_features, threads)
+        if isinstance(head, QuantLinear):
+            call = _quant_gemv(head, buf["h"].data_ptr(), t, logits.data_ptr())
+            call[0](*call[1:], threads)
+        else:
+            self.linear.trtforge_gemv(buf["h"].data_ptr(), t, head.weight.data_ptr(), None, logits.data_ptr(),
+                                      head.out_features, head.in_features, threads)
         return logits

@@ -45,8 +45,13 @@ def test_engine_stores_packed_weights_and_scales(ckpt, tmp_path, scheme, group):
     assert tensors[f"{qkv}.qweight"].dtype == (torch.int8 if scheme == "int8_wo" else torch.uint8)
     assert tensors[f"{qkv}.qweight"].shape == ((128, 64) if scheme == "int8_wo" else (128, 32))
     assert tensors[f"{qkv}.scales"].shape == ((128,) if scheme == "int8_wo" else (128, 2))
-    assert tensors[f"{qkv}.bias"].dtype == torch.float32  # biases, norms, embeddings: engine dtype
-    assert tensors["embed_tokens.weight"].dtype == torch.float32
+    assert tensors[f"{qkv}.bias"].dtype == torch.float32  # biases, norms: engine dtype
+    # the LM head: int8 per vocabulary row for both schemes; the (untied) embedding table stays float32
+    assert meta["quantization"]["lm_head"] == "int8_wo" and not meta["model"]["tie_word_embeddings"]
+    assert tensors["embed_tokens.weight"].dtype == torch.float32 and "lm_head.weight" not in tensors
+    vocab = meta["model"]["vocab_size"]
+    assert tensors["head_linear.qweight"].dtype == torch.int8 and tensors["head_linear.qweight"].shape == (vocab, 64)
+    assert tensors["head_linear.scales"].shape == (vocab,)
     report = meta["report"]
     assert report["weight_bytes"] == sum(t.numel() * t.element_size() for n, t in tensors.items()
                                          if n != "rope_inv_freq")
@@ -68,7 +73,7 @@ def test_network_reference_path_equals_the_dequantised_float_network(ckpt, tmp_p
                           progress=False)
     engine = LLMEngine.from_engine_dir(out)
     layers = [m for m in engine.executor.network.modules() if isinstance(m, QuantLinear)]
-    assert len(layers) == 4 * 2  # qkv, o, gate_up, down in both layers
+    assert len(layers) == 4 * 2 + 1  # qkv, o, gate_up, down in both layers, and the LM head
     assert "int8_wo weights: quantized GEMV on" in engine.executor.describe()
     x = torch.randn(5, 64)
     lin = layers[0]
@@ -99,3 +104,49 @@ def test_odd_in_features_refused_for_int4(tmp_path):
 def test_cli_refuses_tensorrt_before_looking_for_it(ckpt, tmp_path):
     result = _cli_build(ckpt, tmp_path / "e", "--backend", "tensorrt", "--quantization", "int8_wo")
     assert result.exit_code != 0 and "not supported with --backend tensorrt yet" in result.output
+
+
+def test_no_quantize_lm_head_keeps_the_float_head(ckpt, tmp_path):
+    out = tmp_path / "e"
+    assert _cli_build(ckpt, out, "--quantization", "int8_wo", "--no-quantize-lm-head", "-q").exit_code == 0
+    meta = json.loads((out / "engine.json").read_text())
+    tensors = load_file(str(out / "rank0.safetensors"))
+    assert meta["quantization"]["lm_head"] is None and meta["build"]["quantize_lm_head"] is False
+    assert tensors["lm_head.weight"].dtype == torch.float32 and "head_linear.qweight" not in tensors
+
+
+@pytest.mark.parametrize("variant", ["qwen2-gqa-bias-tied", "llama-gqa-llama3rope"])  # tied, untied
+def test_quantized_lm_head_and_embeddings(tmp_path, variant):
+    """The int8 head against its reference (dequantise, F.linear), through the GEMV for few rows and
+    GEMV_MAX_ROWS at a time for more (it is never dequantised whole); a tied head's embeddings are
+    the dequantised rows (each within its row's scale / 2 of the float one); an untied model keeps
+    its float embedding table."""
+    from tests.helpers.checkpoints import make_variant
+    from trtforge.builder.quant_linear import QuantEmbedding
+    from trtforge.plugins.cpu.linear import GEMV_MAX_ROWS
+
+    ckpt = make_variant(tmp_path / "ckpt", variant)
+    out, cfg = build_engine(str(ckpt), tmp_path / "e", BuildConfig(dtype="float32", quantization="int4_wo",
+                                                                    group_size=32, kv_cache_memory="8MiB"),
+                            progress=False)
+    net = LLMEngine.from_engine_dir(out).executor.network
+    head = net.head_linear
+    assert isinstance(head, QuantLinear) and head.scheme == "int8_wo" and head.gemv_only
+    w = ql.dequantize(head.qweight, head.scales, "int8_wo", 0)
+    with torch.inference_mode():
+        for rows in (3, GEMV_MAX_ROWS + 7):
+            x = torch.randn(rows, cfg.model.hidden_size)
+            torch.testing.assert_close(head(x), x @ w.T, atol=1e-4, rtol=1e-5)
+    from safetensors.torch import load_file as load
+
+    hf = load(str(next(ckpt.glob("*.safetensors"))))
+    table = hf["model.embed_tokens.weight"]
+    ids = torch.tensor([0, 7, 300, cfg.model.vocab_size - 1])
+    got = net.embed_tokens(ids)
+    if cfg.model.tie_word_embeddings:
+        assert isinstance(net.embed_tokens, QuantEmbedding)
+        err = (got - table[ids]).abs()
+        assert bool((err <= head.scales[ids, None] / 2 * (1 + 1e-6)).all())
+    else:
+        assert isinstance(net.embed_tokens, torch.nn.Embedding) and torch.equal(got, table[ids])
+        torch.testing.assert_close(w, hf["lm_head.weight"], atol=float(head.scales.max()) / 2, rtol=0)
