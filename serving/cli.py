@@ -107,7 +107,7 @@ def generate(engine_dir: str, prompts: tuple[str, ...], prompts_file: str | None
         outs = engine.generate([it.get("prompt", it.get("input_ids")) for it in items], params)
     except (BuildError, ValueError, EngineOverloaded) as exc:
         raise click.ClickException(str(exc)) from None
-    failed = [out.error for out in outs if out.error]  # e.g. a tensor-parallel rank died
+    failed = [out.error for out in outs if out.finish_reason == "error"]  # a failed step, e.g. a tensor-parallel rank died
     for i, out in enumerate(outs):
         if as_json:
             click.echo(json.dumps({"index": i, "output_ids": out.output_token_ids, "text": out.text,
