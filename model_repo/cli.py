@@ -35,6 +35,10 @@ def _phase_options(fn):
         if phase == D.CONTEXT:
             fn = click.option("--context-handoff-timeout-s", dest + "handoff_timeout_s", type=float,
                               default=None, help=D.PHASE_DOCS[D.HANDOFF_TIMEOUT] + " [default: 30]")(fn)
+            fn = click.option("--context-kv-connector", dest + "kv_connector", default=None,
+                              help=D.PHASE_DOCS[D.KV_CONNECTOR] + " [default: shm]")(fn)
+            fn = click.option("--context-kv-advertise-host", dest + "kv_advertise_host", default=None,
+                              help=D.PHASE_DOCS[D.KV_ADVERTISE_HOST])(fn)
         fn = dataclass_options(SchedulerConfig, only=D.scheduler_fields(phase), prefix=f"{phase}-",
                                dest_prefix=dest,
                                default_text="the engine's engine.json value, else {default}")(fn)
@@ -63,12 +67,21 @@ def _phase_options(fn):
               help="Separate context (prefill) and generation (decode) models behind the "
                    "ensemble, each with its own --context-… / --generation-… parameters "
                    "(trtllm engines: TensorRT-LLM's disaggregated repository, two GPUs).")
+@click.option("--only", type=click.Choice(["context", "generation", "router"]), default=None,
+              help="With --disaggregated: write just this model, for servers on different hosts "
+                   "(a context server with --context-kv-connector tcp://…, a generation server, and a "
+                   "router server with --context-url/--generation-url).")
+@click.option("--context-url", "context_urls", multiple=True,
+              help="--only router: gRPC HOST:PORT of a context server (repeatable).")
+@click.option("--generation-url", "generation_urls", multiple=True,
+              help="--only router: gRPC HOST:PORT of a generation server (repeatable).")
 @dataclass_options(SchedulerConfig, exclude=ENGINE_FIELDS, default_text="the engine's engine.json value, else {default}")
 @_phase_options
 def emit_repo_command(engine_dir: str, repo_dir: str, device: str,
                       triton_max_batch_size: int | None, exclude_input_in_output: bool,
                       kv_cache_memory: str | None, trtllm_models_dir: str | None,
-                      disaggregated: bool, **options: object) -> None:
+                      disaggregated: bool, only: str | None, context_urls: tuple[str, ...],
+                      generation_urls: tuple[str, ...], **options: object) -> None:
     """Write a Triton model repository (model `ensemble`) serving ENGINE_DIR into REPO_DIR.
 
     Scheduling options given here are written into ensemble/config.pbtxt as parameters; the
@@ -82,6 +95,11 @@ def emit_repo_command(engine_dir: str, repo_dir: str, device: str,
     scheduler = {k: v for k, v in options.items() if "__" not in k and v is not None}
     try:
         phases = _phase_values(phase_opts, disaggregated)
+        if (only or context_urls or generation_urls) and not disaggregated:
+            raise ValueError("--only, --context-url and --generation-url need --disaggregated")
+        if disaggregated:
+            phases.update(only=only, context_urls=",".join(context_urls),
+                          generation_urls=",".join(generation_urls))
         repo = emit_repo(engine_dir, repo_dir, device=device,
                          triton_max_batch_size=triton_max_batch_size,
                          exclude_input_in_output=exclude_input_in_output,
@@ -90,7 +108,8 @@ def emit_repo_command(engine_dir: str, repo_dir: str, device: str,
                          **phases, **scheduler)
     except (ValueError, FileNotFoundError) as exc:
         raise click.ClickException(str(exc)) from None
-    models = "`ensemble`, `context`, `generation`" if phases else "`ensemble`"
+    models = ({"context": "`context`", "generation": "`generation`", "router": "`ensemble` (router)"}[only]
+              if only else "`ensemble`, `context`, `generation`" if phases else "`ensemble`")
     click.echo(f"Wrote Triton model repository {repo} (models {models}). "
                f"Serve it with: trtforge serve {repo}")
 
@@ -114,7 +133,8 @@ def _phase_values(options: dict[str, object], disaggregated: bool) -> dict[str, 
             scheduler={k: mine[k] for k in D.scheduler_fields(phase) if mine.get(k) is not None},
             kv_cache_memory=mine.get("kv_cache_memory"), cpus=mine.get("cpus") or "",
             cpu_threads=mine.get("cpu_threads"), instances=mine.get("instances") or 1,
-            handoff_timeout_s=mine.get("handoff_timeout_s"))
+            handoff_timeout_s=mine.get("handoff_timeout_s"), kv_connector=mine.get("kv_connector"),
+            kv_advertise_host=mine.get("kv_advertise_host"))
     return out
 
 

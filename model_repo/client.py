@@ -16,13 +16,14 @@ from typing import Any, Iterator
 
 import numpy as np
 
-from .interface import ENSEMBLE, INPUTS
+from .interface import ENSEMBLE, INPUTS, PHASE_INPUTS
 
 _NUMPY = {"TYPE_STRING": np.object_, "TYPE_INT32": np.int32, "TYPE_FP32": np.float32,
           "TYPE_UINT64": np.uint64, "TYPE_BOOL": np.bool_}
 _WIRE = {"TYPE_STRING": "BYTES", "TYPE_INT32": "INT32", "TYPE_FP32": "FP32",
          "TYPE_UINT64": "UINT64", "TYPE_BOOL": "BOOL"}
 _SPECS = {s.name: s for s in INPUTS}
+_ALL_SPECS = {s.name: s for s in INPUTS + PHASE_INPUTS}
 
 
 def request_arrays(prompt: str, max_tokens: int, **options: Any) -> dict[str, np.ndarray]:
@@ -45,10 +46,20 @@ def grpc_inputs(prompt: str, max_tokens: int, **options: Any) -> list[Any]:
     """tritonclient gRPC InferInputs of one request (sync and asyncio clients take the same)."""
     import tritonclient.grpc as grpcclient  # noqa: PLC0415 - optional dependency
 
+    return infer_inputs(request_arrays(prompt, max_tokens, **options))
+
+
+def infer_inputs(arrays: dict[str, np.ndarray]) -> list[Any]:
+    """tritonclient gRPC InferInputs of input arrays (with their batch dimension), typed from the
+    interface table (the ensemble's inputs and the phase models' request_type, context_phase_params
+    and stop)."""
+    import tritonclient.grpc as grpcclient  # noqa: PLC0415 - optional dependency
+
     inputs = []
-    for name, arr in request_arrays(prompt, max_tokens, **options).items():
-        tensor = grpcclient.InferInput(name, list(arr.shape), _WIRE[_SPECS[name].dtype])
-        tensor.set_data_from_numpy(arr)
+    for name, arr in arrays.items():
+        dtype = _ALL_SPECS[name].dtype
+        tensor = grpcclient.InferInput(name, list(arr.shape), _WIRE[dtype])
+        tensor.set_data_from_numpy(np.asarray(arr, dtype=_NUMPY[dtype]))
         inputs.append(tensor)
     return inputs
 

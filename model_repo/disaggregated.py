@@ -43,17 +43,36 @@ class PhaseOptions:
     instances: int = 1
     handoff_timeout_s: float | None = None
     """Context only."""
+    kv_connector: str | None = None
+    """Context only: shm | tcp://HOST:PORT."""
+    kv_advertise_host: str | None = None
+    """Context only: where generation servers reach the tcp connector."""
 
 
 def emit_disaggregated(engine_dir: Path, repo: Path, engine: dict, *, device: str,
                        triton_max_batch_size: int, exclude_input_in_output: bool,
                        drain_timeout_s: float, context: PhaseOptions,
-                       generation: PhaseOptions) -> Path:
-    phases = ((D.CONTEXT, context), (D.GENERATION, generation))
+                       generation: PhaseOptions, only: str | None = None,
+                       context_urls: str = "", generation_urls: str = "") -> Path:
+    """only: write just one of the three models (context | generation | router), for servers on
+    different hosts; the router then reaches the others at context_urls / generation_urls."""
+    if only not in (None, D.CONTEXT, D.GENERATION, "router"):
+        raise ValueError(f"only={only!r} is invalid: must be context, generation or router")
+    if (context_urls or generation_urls) and only != "router":
+        raise ValueError("--context-url / --generation-url are for a router on its own server: add --only router")
+    if only == "router" and not (context_urls and generation_urls):
+        raise ValueError("--only router needs --context-url and --generation-url (the servers it routes to)")
+    phases = tuple((p, o) for p, o in ((D.CONTEXT, context), (D.GENERATION, generation))
+                   if only in (None, p))
     for phase, opts in phases:  # every check before anything is written
         D.refuse_other_phase(phase, [k for k, v in opts.scheduler.items() if v is not None])
-        if phase == D.GENERATION and opts.handoff_timeout_s is not None:
-            D.refuse_other_phase(phase, [D.HANDOFF_TIMEOUT])
+        if phase == D.GENERATION and (opts.handoff_timeout_s is not None or opts.kv_connector):
+            D.refuse_other_phase(phase, [D.HANDOFF_TIMEOUT if opts.handoff_timeout_s is not None
+                                         else D.KV_CONNECTOR])
+        if opts.kv_connector and opts.kv_connector != "shm":
+            from trtforge.serving.kv_connector.tcp import parse_address  # noqa: PLC0415
+
+            parse_address(opts.kv_connector)
         D.parse_cpus(opts.cpus)
         if opts.instances < 1:
             raise ValueError(f"{phase} instances={opts.instances} is invalid: must be >= 1")
@@ -72,6 +91,8 @@ def emit_disaggregated(engine_dir: Path, repo: Path, engine: dict, *, device: st
         }
         if phase == D.CONTEXT:
             params[D.HANDOFF_TIMEOUT] = P.to_parameter(opts.handoff_timeout_s or 30.0)
+            params[D.KV_CONNECTOR] = opts.kv_connector or "shm"
+            params[D.KV_ADVERTISE_HOST] = opts.kv_advertise_host or ""
         all_fields = scheduler_parameters(engine, opts.scheduler)
         params.update({k: v for k, v in all_fields.items() if k in D.scheduler_fields(phase)})
         config = engine_model_config(params, triton_max_batch_size, name=phase)
@@ -79,6 +100,8 @@ def emit_disaggregated(engine_dir: Path, repo: Path, engine: dict, *, device: st
         config.output.extend(_outputs(PHASE_OUTPUTS))
         config.instance_group[0].count = opts.instances
         _write_model(repo, phase, config_text(config, _header(phase, params)), {"model.py": MODEL_PY})
+    if only in (D.CONTEXT, D.GENERATION):
+        return repo
     router = mc.ModelConfig(
         name=ENSEMBLE, backend="python", max_batch_size=triton_max_batch_size,
         input=_inputs(INPUTS), output=_outputs(OUTPUTS),
@@ -86,6 +109,7 @@ def emit_disaggregated(engine_dir: Path, repo: Path, engine: dict, *, device: st
         instance_group=[mc.ModelInstanceGroup(kind=mc.ModelInstanceGroup.KIND_CPU, count=1)],
         parameters={k: mc.ModelParameter(string_value=v) for k, v in {
             D.ROLE: D.ROUTER_ROLE, D.CONTEXT_MODEL: D.CONTEXT, D.GENERATION_MODEL: D.GENERATION,
+            D.CONTEXT_URLS: context_urls, D.GENERATION_URLS: generation_urls,
             P.EXCLUDE_INPUT_DEFAULT: P.to_parameter(exclude_input_in_output)}.items()})
     header = ["Written by `trtforge emit-repo --disaggregated`: the TensorRT-LLM `ensemble` interface;",
               "this model is the router (TensorRT-LLM's disaggregated_serving_bls): each request",

@@ -125,7 +125,8 @@ def emit_repo(engine_dir: str | os.PathLike, repo_dir: str | os.PathLike, *,
               exclude_input_in_output: bool = False, drain_timeout_s: float = 5.0,
               kv_cache_memory: str | None = None,
               trtllm_models_dir: str | os.PathLike | None = None, disaggregated: bool = False,
-              context: Any = None, generation: Any = None, **scheduler_overrides: Any) -> Path:
+              context: Any = None, generation: Any = None, only: str | None = None,
+              context_urls: str = "", generation_urls: str = "", **scheduler_overrides: Any) -> Path:
     """Write (or replace) the `ensemble` model of `repo_dir` for `engine_dir`.
 
     `scheduler_overrides` are SchedulerConfig fields (e.g. `max_batch_size=8`); they are validated
@@ -163,7 +164,8 @@ def emit_repo(engine_dir: str | os.PathLike, repo_dir: str | os.PathLike, *,
                                   exclude_input_in_output=exclude_input_in_output,
                                   drain_timeout_s=drain_timeout_s,
                                   context=context or PhaseOptions(),
-                                  generation=generation or PhaseOptions())
+                                  generation=generation or PhaseOptions(), only=only,
+                                  context_urls=context_urls, generation_urls=generation_urls)
     parameters = {
         P.ENGINE_DIR: str(engine_dir),
         P.DEVICE: device,

@@ -29,6 +29,11 @@ HANDOFF_TIMEOUT = "handoff_timeout_s"
 ROLE = "role"
 CONTEXT_MODEL = "context_model"
 GENERATION_MODEL = "generation_model"
+CONTEXT_URLS = "context_urls"
+GENERATION_URLS = "generation_urls"
+# The context model's KV connector (servers on different hosts).
+KV_CONNECTOR = "kv_connector"
+KV_ADVERTISE_HOST = "kv_advertise_host"
 
 # Inputs and outputs the phase models take beyond the `ensemble` interface (TensorRT-LLM's names).
 REQUEST_TYPE = "request_type"
@@ -54,9 +59,18 @@ PHASE_DOCS = {
                  "default).",
     HANDOFF_TIMEOUT: "Seconds a handed-over prefill's KV waits for the generation model before "
                      "the context model frees it.",
+    KV_CONNECTOR: "How the context model hands KV over: shm (generation model on this host) or "
+                  "tcp://HOST:PORT (listen there, for generation servers on other hosts; port 0: "
+                  "any free port).",
+    KV_ADVERTISE_HOST: "Host name or address generation servers reach the tcp connector at "
+                       "(default: the listen host, or this host's name when it listens on 0.0.0.0).",
+    CONTEXT_URLS: "Router: gRPC addresses HOST:PORT of context servers, comma-separated (empty: "
+                  "the `context` model of this server). Least-loaded first.",
+    GENERATION_URLS: "Router: gRPC addresses of generation servers, comma-separated (empty: the "
+                     "`generation` model of this server). Least-loaded first.",
 }
 
-_OWN = {CONTEXT: set(CONTEXT_SCHEDULER_FIELDS) | {HANDOFF_TIMEOUT},
+_OWN = {CONTEXT: set(CONTEXT_SCHEDULER_FIELDS) | {HANDOFF_TIMEOUT, KV_CONNECTOR, KV_ADVERTISE_HOST},
         GENERATION: set(GENERATION_SCHEDULER_FIELDS)}
 
 

@@ -115,20 +115,21 @@ def num_kv_blocks(cfg: EngineConfig, kv_cache_memory: str | int | None) -> int:
 
 class LLMEngine:
     def __init__(self, cfg: EngineConfig, executor: Executor, tokenizer: Any, sched: SchedulerConfig,
-                 phase: str = "both", handoff_timeout_s: float = 30.0):
+                 phase: str = "both", handoff_timeout_s: float = 30.0, kv_connector: str = "shm",
+                 kv_advertise_host: str | None = None):
         if phase not in PHASES:
             raise ValueError(f"phase={phase!r} is invalid: must be one of {', '.join(PHASES)}")
         self.phase = phase
         self.kv_exporter = self.kv_importer = None
         if phase == "context":
-            from .kv_connector import SharedMemoryExporter
+            from .kv_connector import make_exporter
 
-            self.kv_exporter = SharedMemoryExporter(_kv_tensors(executor), sched.num_blocks,
-                                                    sched.block_size, handoff_timeout_s)
+            self.kv_exporter = make_exporter(kv_connector, _kv_tensors(executor), sched.num_blocks,
+                                             sched.block_size, handoff_timeout_s, kv_advertise_host)
         elif phase == "generation":
-            from .kv_connector import SharedMemoryImporter
+            from .kv_connector import KVImporter
 
-            self.kv_importer = SharedMemoryImporter()
+            self.kv_importer = KVImporter()
         self.engine_config = cfg
         self.executor = executor
         self.tokenizer = tokenizer
@@ -149,16 +150,20 @@ class LLMEngine:
     def from_engine_dir(cls, path: str | Path, device: str | torch.device = "cpu",
                         kv_cache_memory: str | int | None = None, verify_checksums: bool = True,
                         cuda_graphs: bool = False, phase: str = "both", handoff_timeout_s: float = 30.0,
+                        kv_connector: str = "shm", kv_advertise_host: str | None = None,
                         **scheduler_overrides: Any) -> "LLMEngine":
         """Load an engine directory; scheduler parameters default to engine.json's and can be overridden.
         cuda_graphs: replay decode steps from CUDA graphs captured for batch sizes 1, 2, 4, … up to
-        max_batch_size (device cuda only). phase: see PHASES (disaggregated serving)."""
+        max_batch_size (device cuda only). phase: see PHASES (disaggregated serving); a context
+        engine hands its KV over through `kv_connector`: shm (one host) or tcp://HOST:PORT (listen
+        there; other hosts reach it at kv_advertise_host, default this host's name)."""
         cfg = read_engine_config(path, verify_checksums=verify_checksums)
         blocks = num_kv_blocks(cfg, kv_cache_memory)
         sched = SchedulerConfig.for_engine(cfg.build, cfg.scheduling, blocks, scheduler_overrides)
         sizes = tuple(b for b in DEFAULT_BATCH_SIZES if b < sched.max_batch_size) + (sched.max_batch_size,)
         executor = make_executor(str(path), cfg, blocks, device, sizes if cuda_graphs else ())
-        return cls(cfg, executor, load_tokenizer(path), sched, phase, handoff_timeout_s)
+        return cls(cfg, executor, load_tokenizer(path), sched, phase, handoff_timeout_s, kv_connector,
+                   kv_advertise_host)
 
     # ---- requests ---------------------------------------------------------------------------
     def add_request(self, prompt: str | list[int], params: SamplingParams | None = None,

@@ -15,10 +15,25 @@ exporter that holds its blocks) and a deadline: a handle nobody takes is freed b
 so no block leaks when a client goes away between the phases or the generation side is gone.
 
 Implementations: `shared_memory` (one host: a /dev/shm segment written by the context process
-and read by the generation process).
+and read by the generation process) and `tcp` (hosts apart: the same staging, served over TCP).
+The generation side's `KVImporter` takes either, by the handle's location.
 """
 
 from .handle import HandoffError, KVHandle
+from .importer import KVImporter
 from .shared_memory import SharedMemoryExporter, SharedMemoryImporter
+from .tcp import TcpExporter, TcpImporter, parse_address
 
-__all__ = ["HandoffError", "KVHandle", "SharedMemoryExporter", "SharedMemoryImporter"]
+
+def make_exporter(connector: str, kv_tensors, num_blocks: int, block_size: int,
+                  handoff_timeout_s: float, advertise_host: str | None = None):
+    """`shm` (one host) or `tcp://HOST:PORT` (listen there; port 0: any free port)."""
+    if connector in ("", "shm"):
+        return SharedMemoryExporter(kv_tensors, num_blocks, block_size, handoff_timeout_s)
+    parse_address(connector)  # ValueError naming a bad one
+    return TcpExporter(kv_tensors, num_blocks, block_size, handoff_timeout_s, listen=connector,
+                       advertise_host=advertise_host)
+
+
+__all__ = ["HandoffError", "KVHandle", "KVImporter", "SharedMemoryExporter", "SharedMemoryImporter",
+           "TcpExporter", "TcpImporter", "make_exporter"]

@@ -162,6 +162,11 @@ class SharedMemoryExporter:
         return self.segment.path
 
     @property
+    def location(self) -> str:
+        """Where importers find the handles' blocks (the segment's path here)."""
+        return self.path
+
+    @property
     def blocks_held(self) -> int:
         """Staging blocks held by handles not yet taken or expired."""
         return self.num_blocks - len(self._free_blocks)
@@ -192,7 +197,7 @@ class SharedMemoryExporter:
         nbytes = n * self.block_bytes
         self.bytes_total += nbytes
         self.seconds_total += seconds
-        return KVHandle(request_id=request_id, location=self.path, slot=slot, nonce=self._nonce,
+        return KVHandle(request_id=request_id, location=self.location, slot=slot, nonce=self._nonce,
                         blocks=blocks, num_tokens=num_tokens, block_size=self.block_size,
                         deadline=deadline, nbytes=nbytes, export_seconds=seconds, **state)
 

@@ -162,3 +162,35 @@ def _drain(engine: LLMEngine) -> list:
     while engine.has_unfinished():
         outs += engine.step()
     return outs
+
+
+def test_network_connector_hands_over_like_shared_memory(engine_dir):
+    """The TCP connector (context and generation servers on different hosts; loopback here)."""
+    ctx = LLMEngine.from_engine_dir(engine_dir, phase="context", kv_connector="tcp://127.0.0.1:0")
+    gen = LLMEngine.from_engine_dir(engine_dir, phase="generation")
+    try:
+        params = [SamplingParams(max_tokens=10, ignore_eos=True, temperature=0.8, seed=3) for _ in PROMPTS]
+        colocated = LLMEngine.from_engine_dir(engine_dir).generate(PROMPTS, params)
+        outs = run_disaggregated(ctx, gen, PROMPTS, params)
+        assert outs[0][0].kv_handle.location.startswith("tcp://127.0.0.1:")
+        for i, ref in enumerate(colocated):
+            assert _tokens(outs[i]) == ref.output_token_ids and _text(outs[i]) == ref.text
+        ctx.poll()
+        assert ctx.stats().kv_handoff_blocks_held == 0 and gen.stats().kv_blocks_used == 0
+        assert gen.stats().kv_handoffs_total == len(PROMPTS)
+        # A handle released unused (the request ended first) is freed at once over the network too.
+        out = ctx.generate([PROMPTS[2]], SamplingParams(max_tokens=8, ignore_eos=True))[0]
+        gen.abort(gen.add_handoff(out.kv_handle, SamplingParams(max_tokens=8, ignore_eos=True)))
+        _drain(gen)
+        ctx.poll()
+        assert ctx.stats().kv_handoff_blocks_held == 0 and ctx.stats().kv_handoffs_expired_total == 0
+        # The context server gone: a clear error, nothing held.
+        out = ctx.generate([PROMPTS[1]], SamplingParams(max_tokens=6, ignore_eos=True))[0]
+    finally:
+        ctx.close()
+    rid = gen.add_handoff(out.kv_handle, SamplingParams(max_tokens=6, ignore_eos=True))
+    failed = [o for o in _drain(gen) if o.request_id == rid][-1]
+    assert failed.finish_reason == "error" and "gone away" in failed.error
+    assert gen.stats().kv_blocks_used == 0
+    with pytest.raises(ValueError, match="tcp://HOST:PORT"):
+        LLMEngine.from_engine_dir(engine_dir, phase="context", kv_connector="udp://x")

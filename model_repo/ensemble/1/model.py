@@ -81,7 +81,9 @@ class TritonPythonModel:
         self.engine = LLMEngine.from_engine_dir(
             str(engine_dir), device=parameters.get(P.DEVICE, "cpu") or "cpu",
             kv_cache_memory=parameters.get(P.KV_CACHE_MEMORY) or None, phase=self.phase,
-            handoff_timeout_s=float(parameters.get(D.HANDOFF_TIMEOUT) or 30), **scheduler)
+            handoff_timeout_s=float(parameters.get(D.HANDOFF_TIMEOUT) or 30),
+            kv_connector=parameters.get(D.KV_CONNECTOR) or "shm",
+            kv_advertise_host=parameters.get(D.KV_ADVERTISE_HOST) or None, **scheduler)
         describe = getattr(self.engine.executor, "describe", None)
         if describe is not None:
             pb_utils.Logger.log_info(f"trtforge engine {engine_dir}: {describe()}")

@@ -18,11 +18,17 @@ polls the clients' `is_cancelled()` and sends the phase model currently serving 
 `stop` request with the same request id; that model aborts it (freeing its KV blocks) and ends
 its stream. A handoff nobody takes (the client left between the phases) is freed by the context
 model after `handoff_timeout_s`.
+
+Servers on other hosts (`context_urls`, `generation_urls`): the phases are then gRPC streams
+(tritonclient) to the least-loaded server of each kind, and a cancel is a gRPC cancel. A server
+that has gone away fails the request with a message naming it; what the request held elsewhere
+is freed (the context server's handoff by its deadline, or at once when it was taken).
 """
 
 from __future__ import annotations
 
 import json
+import queue
 import threading
 import time
 import uuid
@@ -52,6 +58,8 @@ class _Flight:
     logprobs: list[float] = field(default_factory=list)
     cum_logprob: float | None = None
     num_tokens: dict[str, int] = field(default_factory=dict)
+    cancel: Any = None
+    """Remote phase: cancels its gRPC stream (the server frees the request's KV)."""
     final_sent: bool = False
     """The client got its final response: its sender must not be touched again (Triton 2.51
     crashes in ResponseFactoryIsCancelled on a completed request)."""
@@ -64,6 +72,9 @@ class TritonPythonModel:
         self.context_model = parameters.get(D.CONTEXT_MODEL) or D.CONTEXT
         self.generation_model = parameters.get(D.GENERATION_MODEL) or D.GENERATION
         self.exclude_input_default = parameters.get("exclude_input_in_output", "false") == "true"
+        self.urls = {D.CONTEXT: _urls(parameters.get(D.CONTEXT_URLS, "")),
+                     D.GENERATION: _urls(parameters.get(D.GENERATION_URLS, ""))}
+        self._load = {url: 0 for urls in self.urls.values() for url in urls}  # requests in flight
         self._flights: dict[str, _Flight] = {}
         self._lock = threading.Lock()
         self._accepting = True
@@ -141,37 +152,94 @@ class TritonPythonModel:
                     _bytes(D.REQUEST_TYPE, request_type.encode())]
         if handle is not None:
             tensors.append(_bytes(D.CONTEXT_PHASE_PARAMS, handle))
-        request = pb_utils.InferenceRequest(model_name=model, inputs=tensors, request_id=key,
-                                            requested_output_names=_OUTPUT_NAMES)
+        kind = D.CONTEXT if request_type == D.CONTEXT_ONLY else D.GENERATION
+        if self.urls[kind]:
+            responses = self._remote(flight, kind, model, tensors, key)
+        else:
+            responses = self._local(model, tensors, key)
         handed = None
-        for response in request.exec(decoupled=True):
-            if response.has_error():
-                err = response.error()
-                raise _PhaseError(pb_utils.InferenceResponse(error=err))
-            outputs = {t.name(): t for t in response.output_tensors()}
-            if not outputs:
-                continue
+        for outputs in responses:
             if D.CONTEXT_PHASE_PARAMS in outputs:
-                handed = outputs.pop(D.CONTEXT_PHASE_PARAMS).as_numpy().reshape(-1)[0]
+                handed = outputs.pop(D.CONTEXT_PHASE_PARAMS).reshape(-1)[0]
             self._forward(flight, parsed, outputs)
         return handed
 
-    def _forward(self, flight: _Flight, parsed: Any, outputs: dict[str, Any]) -> None:
-        text = outputs["text_output"].as_numpy().reshape(-1)[0] if "text_output" in outputs else b""
+    @staticmethod
+    def _local(model: str, tensors: list[Any], key: str):
+        """A phase model of this server (BLS): its responses' outputs as arrays."""
+        request = pb_utils.InferenceRequest(model_name=model, inputs=tensors, request_id=key,
+                                            requested_output_names=_OUTPUT_NAMES)
+        for response in request.exec(decoupled=True):
+            if response.has_error():
+                raise _PhaseError(pb_utils.InferenceResponse(error=response.error()))
+            outputs = {t.name(): t.as_numpy() for t in response.output_tensors()}
+            if outputs:
+                yield outputs
+
+    def _remote(self, flight: _Flight, kind: str, model: str, tensors: list[Any], key: str):
+        """A phase model on another server (gRPC stream to the least-loaded one)."""
+        import tritonclient.grpc as grpcclient  # noqa: PLC0415
+
+        from trtforge.model_repo.client import infer_inputs  # noqa: PLC0415
+
+        with self._lock:
+            url = min(self.urls[kind], key=lambda u: self._load[u])
+            self._load[url] += 1
+        responses: queue.Queue = queue.Queue()
+        client = grpcclient.InferenceServerClient(url)
+        finished = False
+        try:
+            try:
+                client.start_stream(callback=lambda result, error: responses.put((result, error)))
+                flight.cancel = lambda: client.stop_stream(cancel_requests=True)
+                client.async_stream_infer(model, infer_inputs({t.name(): t.as_numpy() for t in tensors}),
+                                          request_id=key, enable_empty_final_response=True)
+            except Exception as exc:  # noqa: BLE001 - unreachable, gone: this request fails
+                finished = True
+                raise _PhaseError(_error(f"the {kind} server {url} failed this request: {exc}",
+                                         "UNAVAILABLE")) from None
+            while not finished:
+                try:
+                    result, error = responses.get(timeout=0.5)
+                except queue.Empty:
+                    if flight.stopped:  # cancelled: the stream may end without a word
+                        raise _PhaseError(_error("the request was cancelled", "UNAVAILABLE")) from None
+                    continue
+                if error is not None:
+                    finished = True
+                    raise _PhaseError(_error(f"the {kind} server {url} failed this request: {error}",
+                                             "UNAVAILABLE"))
+                finished = result.get_response().parameters["triton_final_response"].bool_param
+                outputs = {n: result.as_numpy(n) for n in _OUTPUT_NAMES}
+                outputs = {n: a for n, a in outputs.items() if a is not None}
+                if outputs:
+                    yield outputs
+        finally:
+            flight.cancel = None
+            try:
+                client.stop_stream(cancel_requests=not finished)
+                client.close()
+            except Exception:  # noqa: BLE001 - already closed by a cancel
+                pass
+            with self._lock:
+                self._load[url] -= 1
+
+    def _forward(self, flight: _Flight, parsed: Any, outputs: dict[str, np.ndarray]) -> None:
+        text = outputs["text_output"].reshape(-1)[0] if "text_output" in outputs else b""
         text = text.decode("utf-8") if isinstance(text, bytes) else str(text)
-        new_logprobs = (outputs["output_log_probs"].as_numpy().reshape(-1).tolist()
+        new_logprobs = (outputs["output_log_probs"].reshape(-1).tolist()
                         if "output_log_probs" in outputs else [])
         if "cum_log_probs" in outputs:
-            flight.cum_logprob = float(outputs["cum_log_probs"].as_numpy().reshape(-1)[0])
+            flight.cum_logprob = float(outputs["cum_log_probs"].reshape(-1)[0])
         for name in ("num_input_tokens", "num_output_tokens"):
             if name in outputs:
-                flight.num_tokens[name] = int(outputs[name].as_numpy().reshape(-1)[0])
+                flight.num_tokens[name] = int(outputs[name].reshape(-1)[0])
         flight.text.append(text)
         flight.logprobs += new_logprobs
         if parsed.stream and (text or new_logprobs or "num_output_tokens" in outputs):
             names = [n for n in ("text_output", "cum_log_probs", "output_log_probs",
                                  "num_input_tokens", "num_output_tokens") if n in outputs]
-            tensors = [pb_utils.Tensor(n, outputs[n].as_numpy()) for n in names]
+            tensors = [pb_utils.Tensor(n, outputs[n]) for n in names]
             response = pb_utils.InferenceResponse(output_tensors=tensors)
             if "num_output_tokens" in outputs:  # the phase model's last answer
                 self._final(flight, response)
@@ -202,7 +270,14 @@ class TritonPythonModel:
                         if not f.stopped and not f.final_sent and f.sender.is_cancelled()]
             for key, flight in gone:
                 flight.stopped = True
-                self._stop(key, flight.model)
+                cancel = flight.cancel
+                if cancel is not None:  # a remote phase: a gRPC cancel frees the request there
+                    try:
+                        cancel()
+                    except Exception:  # noqa: BLE001 - the stream already ended
+                        pass
+                elif not self.urls[D.CONTEXT if flight.model == self.context_model else D.GENERATION]:
+                    self._stop(key, flight.model)
 
     @staticmethod
     def _stop(key: str, model: str) -> None:
@@ -219,6 +294,10 @@ class TritonPythonModel:
 
 
 _INPUT_NAMES = {s.name for s in INPUTS}
+
+
+def _urls(text: str) -> list[str]:
+    return [u.strip() for u in text.split(",") if u.strip()]
 
 
 class _PhaseError(Exception):

@@ -1,0 +1,194 @@
+"""The network KV connector: a context server and a generation server on different hosts.
+
+The context side stages a finished prefill's blocks exactly as the shared-memory connector does
+(same segment, same state/ack words, same deadlines), and also serves them over TCP: the handle's
+location is `tcp://HOST:PORT`. A generation side connects, names the handle (slot, nonce,
+blocks), and receives
+
+    header line (JSON: ok, layout, nbytes | error)  ·  the blocks, tensor by tensor  ·  b"OK"/b"XX"
+
+The server checks the handle before sending and again after (an expiry during the send turns
+the trailer into b"XX" and the importer drops what it got), then acknowledges it: the owner's
+poll frees the staging blocks as for a local handoff. One thread per connection; the copy out of
+the staging area is the only work done for a request.
+"""
+
+from __future__ import annotations
+
+import json
+import socket
+import threading
+import time
+from urllib.parse import urlsplit
+
+import numpy as np
+import torch
+
+from .handle import HandoffError, KVHandle
+from .shared_memory import SharedMemoryExporter, _layout
+
+_TIMEOUT_S = 30.0
+
+
+def parse_address(address: str) -> tuple[str, int]:
+    """'tcp://HOST:PORT' (or 'HOST:PORT') → (host, port); ValueError for anything else."""
+    parts = urlsplit(address if "://" in address else f"tcp://{address}")
+    if parts.scheme != "tcp" or parts.hostname is None or parts.port is None:
+        raise ValueError(f"KV connector address {address!r} is invalid: write tcp://HOST:PORT")
+    return parts.hostname, parts.port
+
+
+class TcpExporter(SharedMemoryExporter):
+    """Context side across hosts: stages blocks like SharedMemoryExporter and serves them on TCP."""
+
+    def __init__(self, kv_tensors: list[torch.Tensor], num_blocks: int, block_size: int,
+                 handoff_timeout_s: float = 30.0, listen: str = "tcp://0.0.0.0:0",
+                 advertise_host: str | None = None, **kwargs) -> None:
+        super().__init__(kv_tensors, num_blocks, block_size, handoff_timeout_s, **kwargs)
+        host, port = parse_address(listen)
+        try:
+            self._server = socket.create_server((host, port), reuse_port=False)
+        except OSError as exc:
+            super().close()
+            raise ValueError(f"the KV connector cannot listen on {listen}: {exc}") from None
+        port = self._server.getsockname()[1]
+        if advertise_host is None:
+            advertise_host = host if host not in ("0.0.0.0", "", "::") else socket.gethostname()
+        self._location = f"tcp://{advertise_host}:{port}"
+        self._closed = threading.Event()
+        self.transfers_served = 0
+        threading.Thread(target=self._accept, name="trtforge-kv-tcp", daemon=True).start()
+
+    @property
+    def location(self) -> str:
+        return self._location
+
+    def _accept(self) -> None:
+        while not self._closed.is_set():
+            try:
+                conn, _ = self._server.accept()
+            except OSError:
+                return
+            threading.Thread(target=self._serve, args=(conn,), daemon=True).start()
+
+    def _serve(self, conn: socket.socket) -> None:
+        seg = self.segment
+        with conn, conn.makefile("rb") as reader:
+            conn.settimeout(_TIMEOUT_S)
+            try:
+                request = json.loads(reader.readline(1 << 20))
+                slot, nonce = int(request["slot"]), int(request["nonce"])
+                if int(seg.state[slot]) != nonce:
+                    conn.sendall(_line({"ok": False, "error": "expired before it was taken (its deadline "
+                                                             "passed and the context server freed it)"}))
+                    return
+                if request.get("op") == "release":
+                    seg.ack[slot] = nonce
+                    conn.sendall(_line({"ok": True}))
+                    return
+                index = torch.tensor(request["blocks"], dtype=torch.long)
+                rows = [t.index_select(1, index).contiguous() for t in seg.staging]
+                conn.sendall(_line({"ok": True, "layout": seg.layout,
+                                    "nbytes": sum(r.numel() * r.element_size() for r in rows)}))
+                for r in rows:
+                    conn.sendall(r.view(torch.uint8).numpy().data)
+                intact = int(seg.state[slot]) == nonce  # not expired while we copied
+                conn.sendall(b"OK" if intact else b"XX")
+                if intact:
+                    seg.ack[slot] = nonce
+                    self.transfers_served += 1
+            except (OSError, ValueError, KeyError):
+                return  # the importer gets a broken connection: its request fails, the deadline frees
+
+    def close(self) -> None:
+        self._closed.set()
+        try:
+            try:  # wakes the accept() blocked in the other thread (a bare close() would not)
+                self._server.shutdown(socket.SHUT_RDWR)
+            except OSError:
+                pass
+            self._server.close()
+        finally:
+            super().close()
+
+
+class TcpImporter:
+    """Generation side: fetches a handle's blocks from its context server and copies them in."""
+
+    def __init__(self) -> None:
+        self.handoffs_done = 0
+        self.bytes_total = 0
+        self.seconds_total = 0.0
+
+    def import_into(self, handle: KVHandle, kv_tensors: list[torch.Tensor], blocks: list[int]) -> None:
+        if len(blocks) != len(handle.blocks):
+            raise ValueError(f"{len(blocks)} destination blocks for a handle of {len(handle.blocks)}")
+        start = time.perf_counter()
+        with _connect(handle) as conn, conn.makefile("rb") as reader:
+            conn.sendall(_line({"op": "take", "slot": handle.slot, "nonce": handle.nonce,
+                                "blocks": handle.blocks}))
+            header = _header(reader, handle)
+            if header["layout"] != _layout(kv_tensors):
+                raise HandoffError(f"the KV layouts differ: context {header['layout']} vs generation "
+                                   f"{_layout(kv_tensors)} (the two servers must serve the same engine)")
+            payload = bytearray(header["nbytes"])
+            _read_into(reader, memoryview(payload))
+            trailer = bytearray(2)
+            _read_into(reader, memoryview(trailer))
+        if bytes(trailer) != b"OK":
+            raise HandoffError(f"the KV handoff of {handle.request_id} expired while it was being sent")
+        index = torch.tensor(blocks, dtype=torch.long)
+        raw = torch.frombuffer(payload, dtype=torch.uint8)
+        offset = 0
+        for t in kv_tensors:
+            shape = (t.shape[0], len(blocks), *t.shape[2:])
+            n = int(np.prod(shape)) * t.element_size()
+            rows = raw[offset:offset + n].view(t.dtype).view(shape)
+            t.index_copy_(1, index.to(t.device), rows.to(t.device))
+            offset += n
+        self.seconds_total += time.perf_counter() - start
+        self.bytes_total += header["nbytes"]
+        self.handoffs_done += 1
+
+    def release(self, handle: KVHandle) -> None:
+        try:
+            with _connect(handle) as conn, conn.makefile("rb") as reader:
+                conn.sendall(_line({"op": "release", "slot": handle.slot, "nonce": handle.nonce}))
+                reader.readline(1 << 20)
+        except (HandoffError, OSError, ValueError):
+            pass  # gone or expired: nothing is held for it any more
+
+
+def _connect(handle: KVHandle) -> socket.socket:
+    host, port = parse_address(handle.location)
+    try:
+        conn = socket.create_connection((host, port), timeout=_TIMEOUT_S)
+    except OSError as exc:
+        raise HandoffError(f"the context server at {handle.location} holding the KV of "
+                           f"{handle.request_id} cannot be reached ({exc}); it has gone away") from None
+    conn.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+    return conn
+
+
+def _header(reader, handle: KVHandle) -> dict:
+    try:
+        header = json.loads(reader.readline(1 << 20))
+    except (OSError, ValueError) as exc:
+        raise HandoffError(f"the context server at {handle.location} broke off the handoff: {exc}") from None
+    if not header.get("ok"):
+        raise HandoffError(f"the KV handoff of {handle.request_id} {header.get('error', 'failed')}")
+    return header
+
+
+def _line(obj: dict) -> bytes:
+    return json.dumps(obj).encode() + b"\n"
+
+
+def _read_into(reader, view: memoryview) -> None:
+    """Fill `view` from the buffered reader (it loops over the socket until full or EOF)."""
+    try:
+        got = reader.readinto(view)
+    except OSError as exc:
+        raise HandoffError(f"the KV handoff broke off: {exc}") from None
+    if got != len(view):
+        raise HandoffError("the context server closed the connection in the middle of a handoff")
