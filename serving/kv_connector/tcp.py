@@ -5,7 +5,11 @@ The context side stages a finished prefill's blocks exactly as the shared-memory
 location is `tcp://HOST:PORT`. A generation side connects, names the handle (slot, nonce,
 blocks), and receives
 
-    header line (JSON: ok, layout, nbytes | error)  ·  the blocks, tensor by tensor  ·  b"OK"/b"XX"
+    header (4-byte length + JSON: ok, layout, nbytes | error) · the blocks · b"OK" / b"XX"
+
+The blocks go tensor by tensor, K then V, block by block, straight from the staging area
+(scatter-gather `sendmsg`) into the generation pool's blocks (`recvmsg_into`): no copy on
+either side beyond the socket's own.
 
 The server checks the handle before sending and again after (an expiry during the send turns
 the trailer into b"XX" and the importer drops what it got), then acknowledges it: the owner's
@@ -79,19 +83,17 @@ class TcpExporter(SharedMemoryExporter):
                 request = json.loads(reader.readline(1 << 20))
                 slot, nonce = int(request["slot"]), int(request["nonce"])
                 if int(seg.state[slot]) != nonce:
-                    conn.sendall(_line({"ok": False, "error": "expired before it was taken (its deadline "
-                                                             "passed and the context server freed it)"}))
+                    conn.sendall(_framed({"ok": False, "error": "expired before it was taken (its deadline "
+                                                               "passed and the context server freed it)"}))
                     return
                 if request.get("op") == "release":
                     seg.ack[slot] = nonce
-                    conn.sendall(_line({"ok": True}))
+                    conn.sendall(_framed({"ok": True}))
                     return
-                index = torch.tensor(request["blocks"], dtype=torch.long)
-                rows = [t.index_select(1, index).contiguous() for t in seg.staging]
-                conn.sendall(_line({"ok": True, "layout": seg.layout,
-                                    "nbytes": sum(r.numel() * r.element_size() for r in rows)}))
-                for r in rows:
-                    conn.sendall(r.view(torch.uint8).numpy().data)
+                views = _block_views(seg.staging, request["blocks"])
+                conn.sendall(_framed({"ok": True, "layout": seg.layout,
+                                      "nbytes": sum(len(v) for v in views)}))
+                _scatter(conn.sendmsg, views)
                 intact = int(seg.state[slot]) == nonce  # not expired while we copied
                 conn.sendall(b"OK" if intact else b"XX")
                 if intact:
@@ -124,37 +126,39 @@ class TcpImporter:
         if len(blocks) != len(handle.blocks):
             raise ValueError(f"{len(blocks)} destination blocks for a handle of {len(handle.blocks)}")
         start = time.perf_counter()
-        with _connect(handle) as conn, conn.makefile("rb") as reader:
+        direct = all(t.device.type == "cpu" and t.is_contiguous() for t in kv_tensors)
+        # Straight into the pool's blocks; a GPU pool goes through a host buffer of the same shape.
+        landing = kv_tensors if direct else [torch.empty((t.shape[0], len(blocks), *t.shape[2:]),
+                                                         dtype=t.dtype) for t in kv_tensors]
+        views = _block_views(landing, blocks if direct else list(range(len(blocks))))
+        with _connect(handle) as conn:
             conn.sendall(_line({"op": "take", "slot": handle.slot, "nonce": handle.nonce,
                                 "blocks": handle.blocks}))
-            header = _header(reader, handle)
+            header = _header(conn, handle)
             if header["layout"] != _layout(kv_tensors):
                 raise HandoffError(f"the KV layouts differ: context {header['layout']} vs generation "
                                    f"{_layout(kv_tensors)} (the two servers must serve the same engine)")
-            payload = bytearray(header["nbytes"])
-            _read_into(reader, memoryview(payload))
-            trailer = bytearray(2)
-            _read_into(reader, memoryview(trailer))
-        if bytes(trailer) != b"OK":
+            if header["nbytes"] != sum(len(v) for v in views):
+                raise HandoffError(f"the handoff of {handle.request_id} has {header['nbytes']} bytes; "
+                                   f"its {len(blocks)} blocks hold {sum(len(v) for v in views)} here")
+            _scatter(lambda b: conn.recvmsg_into(b)[0], views)
+            trailer = _recv_exact(conn, 2)
+        if trailer != b"OK":
+            # The blocks were handed to the request; it fails, and they are freed with it.
             raise HandoffError(f"the KV handoff of {handle.request_id} expired while it was being sent")
-        index = torch.tensor(blocks, dtype=torch.long)
-        raw = torch.frombuffer(payload, dtype=torch.uint8)
-        offset = 0
-        for t in kv_tensors:
-            shape = (t.shape[0], len(blocks), *t.shape[2:])
-            n = int(np.prod(shape)) * t.element_size()
-            rows = raw[offset:offset + n].view(t.dtype).view(shape)
-            t.index_copy_(1, index.to(t.device), rows.to(t.device))
-            offset += n
+        if not direct:
+            index = torch.tensor(blocks, dtype=torch.long)
+            for t, rows in zip(kv_tensors, landing):
+                t.index_copy_(1, index.to(t.device), rows.to(t.device))
         self.seconds_total += time.perf_counter() - start
         self.bytes_total += header["nbytes"]
         self.handoffs_done += 1
 
     def release(self, handle: KVHandle) -> None:
         try:
-            with _connect(handle) as conn, conn.makefile("rb") as reader:
+            with _connect(handle) as conn:
                 conn.sendall(_line({"op": "release", "slot": handle.slot, "nonce": handle.nonce}))
-                reader.readline(1 << 20)
+                _header(conn, handle)
         except (HandoffError, OSError, ValueError):
             pass  # gone or expired: nothing is held for it any more
 
@@ -170,9 +174,10 @@ def _connect(handle: KVHandle) -> socket.socket:
     return conn
 
 
-def _header(reader, handle: KVHandle) -> dict:
+def _header(conn: socket.socket, handle: KVHandle) -> dict:
     try:
-        header = json.loads(reader.readline(1 << 20))
+        size = int.from_bytes(_recv_exact(conn, 4), "little")
+        header = json.loads(_recv_exact(conn, size))
     except (OSError, ValueError) as exc:
         raise HandoffError(f"the context server at {handle.location} broke off the handoff: {exc}") from None
     if not header.get("ok"):
@@ -184,11 +189,46 @@ def _line(obj: dict) -> bytes:
     return json.dumps(obj).encode() + b"\n"
 
 
-def _read_into(reader, view: memoryview) -> None:
-    """Fill `view` from the buffered reader (it loops over the socket until full or EOF)."""
-    try:
-        got = reader.readinto(view)
-    except OSError as exc:
-        raise HandoffError(f"the KV handoff broke off: {exc}") from None
-    if got != len(view):
-        raise HandoffError("the context server closed the connection in the middle of a handoff")
+def _framed(obj: dict) -> bytes:
+    body = json.dumps(obj).encode()
+    return len(body).to_bytes(4, "little") + body
+
+
+def _recv_exact(conn: socket.socket, n: int) -> bytes:
+    buf = bytearray(n)
+    _scatter(lambda b: conn.recvmsg_into(b)[0], [memoryview(buf)])
+    return bytes(buf)
+
+
+def _block_views(tensors: list[torch.Tensor], blocks: list[int]) -> list[memoryview]:
+    """Byte views of tensor[kv, blocks] for every tensor and K/V half, in wire order; a run of
+    consecutive block ids is one view."""
+    runs, start = [], 0
+    for i in range(1, len(blocks) + 1):
+        if i == len(blocks) or blocks[i] != blocks[i - 1] + 1:
+            runs.append((blocks[start], blocks[i - 1] + 1))
+            start = i
+    return [memoryview(t[kv, lo:hi].numpy()).cast("B") for t in tensors for kv in range(t.shape[0])
+            for lo, hi in runs]
+
+
+_IOV_MAX = 512
+
+
+def _scatter(op, views: list[memoryview]) -> None:
+    """Run a scatter-gather socket call (sendmsg / recvmsg_into) until every view is done."""
+    i, offset = 0, 0
+    while i < len(views):
+        batch = [views[i][offset:]] + views[i + 1:i + _IOV_MAX]
+        try:
+            n = op(batch)
+        except OSError as exc:
+            raise HandoffError(f"the KV handoff broke off: {exc}") from None
+        if n == 0:
+            raise HandoffError("the peer closed the connection in the middle of a KV handoff")
+        while n:
+            left = len(views[i]) - offset
+            if n >= left:
+                n, i, offset = n - left, i + 1, 0
+            else:
+                offset, n = offset + n, 0
