@@ -42,6 +42,7 @@ from trtforge.model_repo import phases as D
 from trtforge.model_repo.interface import INPUTS, PHASE_INPUTS
 from trtforge.model_repo.metrics import EngineMetrics
 from trtforge.model_repo.request import GenerationRequest, parse_request
+from trtforge.model_repo.sending import error_response, try_send as _try_send
 from trtforge.serving.core.scheduler import EngineOverloaded
 
 FINAL = pb_utils.TRITONSERVER_RESPONSE_COMPLETE_FINAL
@@ -363,22 +364,8 @@ def _int_tensor(name: str, value: int) -> Any:
     return pb_utils.Tensor(name, np.array([[value]], dtype=np.int32))
 
 
-def _try_send(sender: Any, response: Any, flags: int) -> bool:
-    """Send; False when the client has gone away (Triton raises for a cancelled request)."""
-    try:
-        if response is None:
-            sender.send(flags=flags)
-        else:
-            sender.send(response, flags=flags)
-        return True
-    except Exception:  # noqa: BLE001 - pb_utils raises TritonModelException for closed streams
-        return False
-
-
 def _error_response(message: str, code: str = "INTERNAL") -> Any:
-    """An error response; `code` names a pb_utils.TritonError code (INVALID_ARG, UNAVAILABLE, …)."""
-    error = pb_utils.TritonError(message, getattr(pb_utils.TritonError, code))
-    return pb_utils.InferenceResponse(error=error)
+    return error_response(pb_utils, message, code)
 
 
 def _send_error(sender: Any, message: str, code: str = "INTERNAL") -> None:

@@ -41,6 +41,7 @@ import triton_python_backend_utils as pb_utils
 from trtforge.model_repo import phases as D
 from trtforge.model_repo.interface import INPUTS, OUTPUTS
 from trtforge.model_repo.request import parse_request
+from trtforge.model_repo.sending import error_response, try_send as _send
 
 FINAL = pb_utils.TRITONSERVER_RESPONSE_COMPLETE_FINAL
 _WATCH_S = 0.02  # how often the watcher looks for cancelled clients
@@ -314,16 +315,5 @@ def _bytes(name: str, value: bytes) -> Any:
     return pb_utils.Tensor(name, np.array([[value]], dtype=object))
 
 
-def _send(sender: Any, response: Any, flags: int) -> bool:
-    try:
-        if response is None:
-            sender.send(flags=flags)
-        else:
-            sender.send(response, flags=flags)
-        return True
-    except Exception:  # noqa: BLE001 - the client has gone away
-        return False
-
-
 def _error(message: str, code: str = "INTERNAL") -> Any:
-    return pb_utils.InferenceResponse(error=pb_utils.TritonError(message, getattr(pb_utils.TritonError, code)))
+    return error_response(pb_utils, message, code)
