@@ -121,6 +121,10 @@ class LLMEngine:
             raise ValueError(f"phase={phase!r} is invalid: must be one of {', '.join(PHASES)}")
         self.phase = phase
         self.kv_exporter = self.kv_importer = None
+        if phase != "both" and not hasattr(executor, "kv_caches"):
+            raise ValueError(f"phase={phase} (disaggregated serving) hands over the KV pools of this "
+                             "process; a tensor-parallel engine (tp_size > 1) keeps them in its ranks: "
+                             "not supported yet, serve it co-located")
         if phase == "context":
             from .kv_connector import make_exporter
 

@@ -194,3 +194,21 @@ def test_network_connector_hands_over_like_shared_memory(engine_dir):
     assert gen.stats().kv_blocks_used == 0
     with pytest.raises(ValueError, match="tcp://HOST:PORT"):
         LLMEngine.from_engine_dir(engine_dir, phase="context", kv_connector="udp://x")
+
+
+def test_int8_kv_cache_is_handed_over_with_its_scales(tmp_path):
+    ckpt = make_checkpoint(tmp_path / "ckpt", arch="qwen2")
+    out, _ = build_engine(str(ckpt), tmp_path / "engine",
+                          BuildConfig(dtype="float32", max_batch_size=8, max_num_tokens=128, max_seq_len=128,
+                                      kv_block_size=4, kv_cache_memory="256KiB", kv_cache_dtype="int8"),
+                          progress=False)
+    ctx = LLMEngine.from_engine_dir(out, phase="context")
+    gen = LLMEngine.from_engine_dir(out, phase="generation")
+    try:
+        assert ctx.executor.kv_scales is not None  # the scales pools travel with the int8 pools
+        params = [SamplingParams(max_tokens=10, ignore_eos=True) for _ in PROMPTS]
+        colocated = LLMEngine.from_engine_dir(out).generate(PROMPTS, params)
+        outs = run_disaggregated(ctx, gen, PROMPTS, params)
+        assert [_tokens(outs[i]) for i in range(len(PROMPTS))] == [r.output_token_ids for r in colocated]
+    finally:
+        ctx.close()
