@@ -86,10 +86,12 @@ class TritonPythonModel:
     def execute(self, requests: list[Any]) -> None:
         for request in requests:
             sender = request.get_response_sender()
-            inputs = {t.name(): t for t in request.inputs()}
+            # Copies, taken now: the request's own tensors belong to it, and a BLS request made
+            # from them would release them when it ends (Triton's heap then fails under load).
+            inputs = {t.name(): np.array(t.as_numpy(), copy=True) for t in request.inputs()
+                      if t.name() in _INPUT_NAMES}
             try:
-                parsed = parse_request({k: t.as_numpy() for k, t in inputs.items()
-                                        if k in _INPUT_NAMES}, self.exclude_input_default)
+                parsed = parse_request(inputs, self.exclude_input_default)
             except (ValueError, TypeError, OverflowError) as exc:
                 _send(sender, _error(f"bad request: {exc}", "INVALID_ARG"), FINAL)
                 continue
@@ -143,21 +145,19 @@ class TritonPythonModel:
             flight.final_sent = True
         _send(flight.sender, response, FINAL)
 
-    def _phase(self, key: str, flight: _Flight, parsed: Any, model: str, inputs: dict[str, Any],
+    def _phase(self, key: str, flight: _Flight, parsed: Any, model: str, inputs: dict[str, np.ndarray],
                request_type: str, handle: bytes | None) -> bytes | None:
         """Run one phase, forwarding (or collecting) its deltas; the context phase's handle."""
-        tensors = [t for name, t in inputs.items()
-                   if name not in ("stream", "exclude_input_in_output", D.REQUEST_TYPE,
-                                   D.CONTEXT_PHASE_PARAMS, D.STOP)]
-        tensors += [_bool("stream", True), _bool("exclude_input_in_output", True),
-                    _bytes(D.REQUEST_TYPE, request_type.encode())]
+        arrays = {name: a for name, a in inputs.items() if name not in ("stream", "exclude_input_in_output")}
+        arrays.update({"stream": np.array([[True]]), "exclude_input_in_output": np.array([[True]]),
+                       D.REQUEST_TYPE: np.array([[request_type.encode()]], dtype=object)})
         if handle is not None:
-            tensors.append(_bytes(D.CONTEXT_PHASE_PARAMS, handle))
+            arrays[D.CONTEXT_PHASE_PARAMS] = np.array([[handle]], dtype=object)
         kind = D.CONTEXT if request_type == D.CONTEXT_ONLY else D.GENERATION
         if self.urls[kind]:
-            responses = self._remote(flight, kind, model, tensors, key)
-        else:
-            responses = self._local(model, tensors, key)
+            responses = self._remote(flight, kind, model, arrays, key)
+        else:  # fresh tensors for each BLS request
+            responses = self._local(model, [pb_utils.Tensor(n, a) for n, a in arrays.items()], key)
         handed = None
         for outputs in responses:
             if D.CONTEXT_PHASE_PARAMS in outputs:
@@ -173,11 +173,11 @@ class TritonPythonModel:
         for response in request.exec(decoupled=True):
             if response.has_error():
                 raise _PhaseError(pb_utils.InferenceResponse(error=response.error()))
-            outputs = {t.name(): t.as_numpy() for t in response.output_tensors()}
+            outputs = {t.name(): np.array(t.as_numpy(), copy=True) for t in response.output_tensors()}
             if outputs:
                 yield outputs
 
-    def _remote(self, flight: _Flight, kind: str, model: str, tensors: list[Any], key: str):
+    def _remote(self, flight: _Flight, kind: str, model: str, arrays: dict[str, np.ndarray], key: str):
         """A phase model on another server (gRPC stream to the least-loaded one)."""
         import tritonclient.grpc as grpcclient  # noqa: PLC0415
 
@@ -193,7 +193,7 @@ class TritonPythonModel:
             try:
                 client.start_stream(callback=lambda result, error: responses.put((result, error)))
                 flight.cancel = lambda: client.stop_stream(cancel_requests=True)
-                client.async_stream_infer(model, infer_inputs({t.name(): t.as_numpy() for t in tensors}),
+                client.async_stream_infer(model, infer_inputs(arrays),
                                           request_id=key, enable_empty_final_response=True)
             except Exception as exc:  # noqa: BLE001 - unreachable, gone: this request fails
                 finished = True
