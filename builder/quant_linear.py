@@ -11,7 +11,9 @@ Norms, biases and an untied embedding table stay in the engine dtype (embeddings
 a row at a time).
 
 How a `QuantLinear` computes (the quantisation math: plugins/cpu/quant_linear.py):
-  * float32 on CPU, ≤ GEMV_MAX_ROWS rows (decode): the C kernel, dequantising in registers;
+  * float32 on CPU, ≤ GEMV_MAX_ROWS rows (decode): the C kernel — with the activation rows quantised
+    to int8 per block of 32 and integer dot products (W8A8 / W4A8; TRTFORGE_QUANT_ACTIVATIONS=float or
+    a K / int4 group that is not a multiple of 32: float activations, weights dequantised in registers);
   * float32 on CPU, more rows (prefill): the weights dequantised by a C loop into a float32 scratch
     buffer, then oneDNN's GEMM (as CpuLinear; plain F.linear where this torch lacks it) — the GEMM
     is compute-bound there, so one extra pass over the weights costs little;

@@ -9,11 +9,20 @@ The references here (`dequantize`, then any matmul) define the results; quant_li
 same products without materialising float32 weights: `gemv` for decode-sized batches (≤ 32 rows,
 float32, CPU) and `dequantize_into` (OpenMP) for a dense GEMM on longer inputs. The kernels' values
 are the references' up to float32 summation order (tests/plugins/cpu/test_quant_linear.py).
+
+Decode GEMVs quantise their activations too (W8A8 / W4A8, the default; `TRTFORGE_QUANT_ACTIVATIONS=float`
+keeps the float-activation kernels): each row of x per block of 32 inputs to int8 (symmetric,
+d = max|x| / 127, round half to even: `quantize_activations`), integer dot products per block, times
+d and the weight scale — `gemv_a8_reference` in torch, which the C kernel matches up to float32
+summation order. Each activation is then off by at most d / 2 (docs/quantization.md: the accuracy
+cost). K and the int4 group must be multiples of 32 for it (`a8_ok`); other shapes take the
+float-activation kernels.
 """
 
 from __future__ import annotations
 
 import ctypes
+import os
 from pathlib import Path
 
 import torch
@@ -28,6 +37,9 @@ QMAX = {"int8_wo": 127, "int4_wo": 7}
 _P, _I = ctypes.c_void_p, ctypes.c_int64
 _SIGNATURES = {"trtforge_gemv_int8": (None, [_P, _I, _P, _P, _P, _P, _I, _I, _I]),
                "trtforge_gemv_int4": (None, [_P, _I, _P, _P, _P, _P, _I, _I, _I, _I]),
+               "trtforge_gemv_int8_a8": (ctypes.c_int, [_P, _I, _P, _P, _P, _P, _I, _I, _I]),
+               "trtforge_gemv_int4_a8": (ctypes.c_int, [_P, _I, _P, _P, _P, _P, _I, _I, _I, _I]),
+               "trtforge_quantize_activations": (None, [_P, _I, _I, _P, _P]),
                "trtforge_dequant_int8": (None, [_P, _P, _P, _I, _I, _I]),
                "trtforge_dequant_int4": (None, [_P, _P, _P, _I, _I, _I, _I])}
 LIBRARY = native.NativeLibrary(Path(__file__).with_name("quant_linear.c"), _SIGNATURES,
@@ -72,21 +84,90 @@ def dequantize(qweight: torch.Tensor, scales: torch.Tensor, scheme: str, group: 
     return (q.view(n, k // group, group) * scales.unsqueeze(-1)).view(n, k).to(dtype)
 
 
+# ---- activations quantised too (decode): the reference -------------------------------------------
+ACT_BLOCK = 32
+INT8_ACTIVATIONS = os.environ.get("TRTFORGE_QUANT_ACTIVATIONS", "int8") != "float"
+"""Whether decode GEMVs quantise their activations to int8 (the default; TRTFORGE_QUANT_ACTIVATIONS=float:
+the float-activation kernels, exact up to summation order). Read per call: tests may set it."""
+
+
+def a8_ok(in_features: int, scheme: str, group: int) -> bool:
+    """Whether the int8-activation kernel takes this layer: enabled, K (and the int4 group) multiples of 32."""
+    return (INT8_ACTIVATIONS and in_features % ACT_BLOCK == 0
+            and (scheme == "int8_wo" or group % ACT_BLOCK == 0))
+
+
+def quantize_activations(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """x float32 [rows, K] (K a multiple of 32) → (int8 [rows, K], float32 [rows, K/32]): per block of 32,
+    d = max|x| / 127 (1 for an all-zero block), q = round-half-even(x / d) — the C kernel's arithmetic."""
+    rows, k = x.shape
+    blocks = x.float().view(rows, k // ACT_BLOCK, ACT_BLOCK)
+    amax = blocks.abs().amax(dim=-1)
+    d = torch.where(amax > 0, amax / 127, torch.ones_like(amax))
+    q = torch.round(blocks / d.unsqueeze(-1)).clamp_(-127, 127).to(torch.int8).view(rows, k)
+    return q, d
+
+
+def gemv_a8_reference(x: torch.Tensor, qweight: torch.Tensor, scales: torch.Tensor, bias: torch.Tensor | None,
+                      scheme: str, group: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """What the int8-activation GEMV computes, in float64 (every block's integer dot exact): (y, m) where
+    y = Σ_blocks d[r, b] · (xq[r, b] · q[n, b]) · weight scale + bias and m the same sum of absolute
+    values (|terms|, |bias|): a float32 evaluation in any order is within ~(#terms on a path)·2⁻²⁴·m."""
+    xq, d = quantize_activations(x.reshape(-1, x.shape[-1]))
+    rows, k = xq.shape
+    nb = k // ACT_BLOCK
+    q = qweight if scheme == "int8_wo" else unpack_int4(qweight)
+    n = q.shape[0]
+    dots = torch.einsum("rbi,nbi->rnb", xq.double().view(rows, nb, ACT_BLOCK), q.double().view(n, nb, ACT_BLOCK))
+    abs_dots = torch.einsum("rbi,nbi->rnb", xq.double().abs().view(rows, nb, ACT_BLOCK),
+                            q.double().abs().view(n, nb, ACT_BLOCK))
+    if scheme == "int8_wo":
+        ws = scales.double().view(1, n, 1)
+    else:
+        ws = scales.double().repeat_interleave(group // ACT_BLOCK, dim=1).view(1, n, nb)
+    f = d.double().view(rows, 1, nb) * ws
+    b = 0 if bias is None else bias.double()
+    babs = 0 if bias is None else bias.double().abs()
+    y, m = (dots * f).sum(-1) + b, (abs_dots * f.abs()).sum(-1) + babs
+    return y.view(*x.shape[:-1], n), m.view(*x.shape[:-1], n)
+
+
 # ---- the kernels ---------------------------------------------------------------------------------
 def kernel_ok(x: torch.Tensor, in_features: int, group: int) -> bool:
     """Whether quant_linear.c takes this product: float32 CPU eager inference, K and group multiples of 8."""
     return in_features % 8 == 0 and group % 8 == 0 and native_ok(x) and library() is not None
 
 
+def gemv_function(scheme: str, in_features: int, group: int) -> tuple[object, bool]:
+    """(the C GEMV for this layer, whether it is an int8-activation one — it then returns nonzero
+    when its scratch cannot be allocated). Same arguments either way (int4: + group), threads last."""
+    lib = LIBRARY.lib
+    a8 = a8_ok(in_features, scheme, group)
+    name = f"trtforge_gemv_{scheme[:4]}{'_a8' if a8 else ''}"
+    return getattr(lib, name), a8
+
+
 def gemv(x: torch.Tensor, qweight: torch.Tensor, scales: torch.Tensor, bias: torch.Tensor | None,
-         scheme: str, group: int) -> torch.Tensor:
-    """y = x dequantize(W)^T + b through the C kernel; x float32 contiguous [..., K] (kernel_ok)."""
+         scheme: str, group: int, activations: str | None = None) -> torch.Tensor:
+    """y = x W^T + b through the C kernel; x float32 contiguous [..., K] (kernel_ok). activations:
+    "int8" (quantised per block of 32: `gemv_a8_reference`; needs a8_ok's shapes), "float"
+    (dequantize(W) exactly, up to summation order), None: int8 where `a8_ok`, else float."""
     k = x.shape[-1]
     rows, n = x.numel() // k, scales.shape[0]
     y = x.new_empty((*x.shape[:-1], n))
     lib = LIBRARY.lib
     args = (x.data_ptr(), rows, qweight.data_ptr(), scales.data_ptr(),
             None if bias is None else bias.data_ptr(), y.data_ptr(), n, k)
+    a8 = a8_ok(k, scheme, group) if activations is None else activations == "int8"
+    if a8:
+        if k % ACT_BLOCK or (scheme == "int4_wo" and group % ACT_BLOCK):
+            raise ValueError(f"int8 activations need K and the int4 group to be multiples of {ACT_BLOCK} "
+                             f"(K={k}, group={group})")
+        fn = lib.trtforge_gemv_int8_a8 if scheme == "int8_wo" else lib.trtforge_gemv_int4_a8  # type: ignore[union-attr]
+        extra = () if scheme == "int8_wo" else (group,)
+        if fn(*args, *extra, torch.get_num_threads()):
+            raise MemoryError("quantised GEMV: no memory for the int8 activation rows")
+        return y
     if scheme == "int8_wo":
         lib.trtforge_gemv_int8(*args, torch.get_num_threads())  # type: ignore[union-attr]
     else:
@@ -108,5 +189,5 @@ def dequantize_into(out: torch.Tensor, qweight: torch.Tensor, scales: torch.Tens
     return out
 
 
-__all__ = ["QMAX", "SCHEMES", "dequantize", "dequantize_into", "gemv", "kernel_ok", "pack_int4", "quantize",
-           "unpack_int4"]
+__all__ = ["ACT_BLOCK", "QMAX", "SCHEMES", "a8_ok", "dequantize", "dequantize_into", "gemv", "gemv_a8_reference",
+           "gemv_function", "kernel_ok", "pack_int4", "quantize", "quantize_activations", "unpack_int4"]

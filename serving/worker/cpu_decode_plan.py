@@ -18,7 +18,8 @@ Llama-style networks qualify (RMSNorm, gated SiLU MLP, RoPE, no q/k norm); other
 path. Results equal the network's up to float32 rounding (tests/serving/worker/test_cpu_decode_plan.py).
 Weight-only quantized engines run the same plan with the quantized GEMV (plugins/cpu/quant_linear.c)
 for their decoder linears (QuantLinear) and their LM head when it is quantized too (a tied one also
-supplies the embeddings: QuantEmbedding dequantises the looked-up rows).
+supplies the embeddings: QuantEmbedding dequantises the looked-up rows) — the int8-activation kernel
+where it takes the layer, exactly as QuantLinear's decode path chooses (plugins/cpu/quant_linear.py).
 """
 
 from __future__ import annotations
@@ -50,12 +51,16 @@ def _plan_linear(m: Any) -> bool:
 
 
 def _quant_gemv(lin: QuantLinear, x: int, t: int, y: int) -> tuple:
-    """The call tuple (function, arguments but threads) of the quantized GEMV of `lin`."""
-    lib = cpu_quant.LIBRARY.lib
+    """The call tuple (function, arguments but threads) of the quantized GEMV of `lin`: the
+    int8-activation kernel where it takes the layer (cpu_quant.gemv_function), as QuantLinear runs it.
+    Every GEMV of the plan returns None or 0; an int8-activation one nonzero when out of memory."""
+    fn, _ = cpu_quant.gemv_function(lin.scheme, lin.in_features, lin.group)
     args = (x, t, lin.qweight.data_ptr(), lin.scales.data_ptr(), _ptr(lin.bias), y, lin.out_features, lin.in_features)
-    if lin.scheme == "int8_wo":
-        return (lib.trtforge_gemv_int8, *args)
-    return (lib.trtforge_gemv_int4, *args, lin.group)
+    return (fn, *args) if lin.scheme == "int8_wo" else (fn, *args, lin.group)
+
+
+def _failed(kind: str) -> None:
+    raise MemoryError(f"CPU decode plan: the quantised {kind} GEMV could not allocate its int8 activation rows")
 
 
 class CpuDecodePlan:
@@ -172,22 +177,27 @@ class CpuDecodePlan:
             pools = [(p.data_ptr(), s.data_ptr()) for p, s in zip(self.kv_caches, self.kv_scales)]
         for (norm_in, qkv_call, o_call, norm_post, gate_up, silu, down), pool in zip(calls, pools):
             norm_in[0](*norm_in[1:])
-            qkv_call[0](*qkv_call[1:], threads)
+            if qkv_call[0](*qkv_call[1:], threads):
+                _failed("qkv")
             rope_fn(*rope)
             if attention_fn(qkv, row, k, row, v, row, *pool, num_blocks, block_size, *attention):
                 raise ValueError(f"decode attention: a block id, slot or sequence length is out of range "
                                  f"(seq_lens={m.seq_lens.tolist()}, slot_mapping={m.slot_mapping.tolist()})")
-            o_call[0](*o_call[1:], threads)
+            if o_call[0](*o_call[1:], threads):
+                _failed("o_proj")
             norm_post[0](*norm_post[1:])
-            gate_up[0](*gate_up[1:], threads)
+            if gate_up[0](*gate_up[1:], threads):
+                _failed("gate_up")
             silu[0](*silu[1:])
-            down[0](*down[1:], threads)
+            if down[0](*down[1:], threads):
+                _failed("down")
         final[0](*final[1:])
         head = net.head_linear
         logits = torch.empty(t, head.out_features)
         if isinstance(head, QuantLinear):
             call = _quant_gemv(head, buf["h"].data_ptr(), t, logits.data_ptr())
-            call[0](*call[1:], threads)
+            if call[0](*call[1:], threads):
+                _failed("LM head")
         else:
             self.linear.trtforge_gemv(buf["h"].data_ptr(), t, head.weight.data_ptr(), None, logits.data_ptr(),
                                       head.out_features, head.in_features, threads)

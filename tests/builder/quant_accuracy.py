@@ -34,6 +34,26 @@ def all_position_logits(engine: LLMEngine, sequences: list[list[int]]) -> torch.
     return engine.executor.execute(inputs).float()
 
 
+def decode_position_logits(engine: LLMEngine, sequences: list[list[int]]) -> torch.Tensor:
+    """As all_position_logits, but computed the way generation computes them: the sequences teacher-
+    forced one token per step, all together (a batch of len(sequences) decode steps, which the CPU
+    decode plan and the ≤ 32-row GEMVs take). Rows ordered like all_position_logits (sequence by
+    sequence). The sequences must have equal lengths."""
+    bs = engine.scheduler_config.block_size
+    length = len(sequences[0])
+    assert all(len(s) == length for s in sequences)
+    n_blocks = -(-length // bs)
+    tables = [list(range(i * n_blocks, (i + 1) * n_blocks)) for i in range(len(sequences))]
+    steps = []
+    for pos in range(length):
+        chunks = [ScheduledChunk(seq_id=i, start=pos, num_tokens=1, sample=True, is_decode=pos > 0,
+                                 token_ids=[seq[pos]], block_table=tables[i]) for i, seq in enumerate(sequences)]
+        inputs = prepare_inputs(SchedulerOutput(chunks=chunks, preempted=[], num_batched_tokens=0), bs,
+                                engine.executor.device)
+        steps.append(engine.executor.execute(inputs).float())
+    return torch.stack(steps, dim=1).reshape(len(sequences) * length, -1)
+
+
 def compare(reference: torch.Tensor, quantized: torch.Tensor) -> dict[str, float]:
     """Mean KL(reference ‖ quantized) in nats and top-1 agreement over positions."""
     logp, logq = reference.log_softmax(-1), quantized.log_softmax(-1)

@@ -117,8 +117,9 @@ def test_no_quantize_lm_head_keeps_the_float_head(ckpt, tmp_path):
 
 @pytest.mark.parametrize("variant", ["qwen2-gqa-bias-tied", "llama-gqa-llama3rope"])  # tied, untied
 def test_quantized_lm_head_and_embeddings(tmp_path, variant):
-    """The int8 head against its reference (dequantise, F.linear), through the GEMV for few rows and
-    GEMV_MAX_ROWS at a time for more (it is never dequantised whole); a tied head's embeddings are
+    """The int8 head against its references (int8 activations: gemv_a8_reference; float activations:
+    dequantise, F.linear), through the GEMV for few rows and GEMV_MAX_ROWS at a time for more (it is
+    never dequantised whole); a tied head's embeddings are
     the dequantised rows (each within its row's scale / 2 of the float one); an untied model keeps
     its float embedding table."""
     from tests.helpers.checkpoints import make_variant
@@ -133,10 +134,16 @@ def test_quantized_lm_head_and_embeddings(tmp_path, variant):
     head = net.head_linear
     assert isinstance(head, QuantLinear) and head.scheme == "int8_wo" and head.gemv_only
     w = ql.dequantize(head.qweight, head.scales, "int8_wo", 0)
+    hidden = cfg.model.hidden_size
+    assert ql.a8_ok(hidden, "int8_wo", 0)  # the GEMV quantises the activation rows per block of 32 too
     with torch.inference_mode():
         for rows in (3, GEMV_MAX_ROWS + 7):
-            x = torch.randn(rows, cfg.model.hidden_size)
-            torch.testing.assert_close(head(x), x @ w.T, atol=1e-4, rtol=1e-5)
+            x = torch.randn(rows, hidden)
+            want, m = ql.gemv_a8_reference(x, head.qweight, head.scales, None, "int8_wo", 0)
+            # float32 summation of exact integer block dots (tests/plugins/cpu/test_quant_linear.py)
+            assert ((head(x).double() - want).abs() <= (hidden // 32 + 8) * 2.0 ** -24 * m).all()
+            with_float_x = ql.gemv(x[:GEMV_MAX_ROWS], head.qweight, head.scales, None, "int8_wo", 0, "float")
+            torch.testing.assert_close(with_float_x, x[:GEMV_MAX_ROWS] @ w.T, atol=1e-4, rtol=1e-5)
     from safetensors.torch import load_file as load
 
     hf = load(str(next(ckpt.glob("*.safetensors"))))

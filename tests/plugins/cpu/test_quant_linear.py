@@ -9,9 +9,13 @@ reference and the kernel must meet it, whatever order they sum in.
 
 from __future__ import annotations
 
+import ctypes
+import platform
+
 import pytest
 import torch
 
+from trtforge.plugins import native
 from trtforge.plugins.cpu import quant_linear as ql
 
 U = 2.0 ** -24
@@ -73,7 +77,7 @@ def test_gemv_matches_reference(scheme, group, rows, bias):
     reference = torch.nn.functional.linear(x, w, b)
     with torch.inference_mode():
         assert ql.kernel_ok(x, k, group or 8)
-        got = ql.gemv(x, q, s, b, scheme, group)
+        got = ql.gemv(x, q, s, b, scheme, group, activations="float")  # the exact path
     assert (reference.double() - exact).abs().le(tol).all()
     assert (got.double() - exact).abs().le(tol).all(), (got.double() - exact).abs().div(tol).max()
 
@@ -84,3 +88,138 @@ def test_dequantize_into_is_the_reference(scheme, group):
     out = torch.empty(13, 96)
     ql.dequantize_into(out, q, s, scheme, group)
     assert torch.equal(out, ql.dequantize(q, s, scheme, group))  # one IEEE multiply each: bit-equal
+
+
+# ---- int8 activations (the decode default): W8A8 / W4A8 dot products ------------------------------
+# Tolerances, derived:
+#   * against `gemv_a8_reference` (float64, every block's integer dot exact): the kernel's float32
+#     operations on the path of any one term — the block's int32 lanes converted exactly (|lane| ≤
+#     4·127·127), one FMA with the block scale, at most nb accumulations (nb = K/32 blocks), one more
+#     per int4 group (the group-scale FMA), the 8-lane sum (3), the row scale and the bias — are at
+#     most nb + groups + 6 roundings: |kernel − reference| ≤ (nb + groups + 8)·u·m, m the same sum of
+#     absolute values (`gemv_a8_reference`'s second result).
+#   * against the float product x·dequantize(W)ᵀ: each activation is rounded to q·d with
+#     |x − q·d| ≤ d·(1/2 + 128u) (x/d is rounded once in float32, |x/d| ≤ 127), so the exact results
+#     differ by at most Σ_i |W_ni|·d_{r,b(i)}·(1/2 + 128u); plus the float32 evaluation bound above.
+A8_CASES = [("int8_wo", 0), ("int4_wo", 32), ("int4_wo", 64), ("int4_wo", 128), ("int4_wo", 96)]
+"""int4 groups of 32 (odd blocks per group: scale per block), 64 / 128 (per group), 96 (odd, > 32)."""
+
+
+def _a8_case(scheme, group, rows, k, bias, seed):
+    n = 18  # four blocks of 4 weight rows + 2 left over
+    q, s = ql.quantize(_weights(n, k, seed=seed), scheme, group)
+    g = torch.Generator().manual_seed(1000 + seed)
+    x = torch.randn(rows, k, generator=g) * torch.linspace(0.01, 10, k)  # blocks of very different scales
+    x[0, :32] = 0.0  # an all-zero activation block: scale 1, contributes 0
+    b = torch.randn(n, generator=g) if bias else None
+    return x, q, s, b
+
+
+def _a8_tolerance(m, k, group):
+    return (k // 32 + (k // group if group else 0) + 8) * U * m
+
+
+def _k_values(group):
+    return [k for k in (96, 128, 384) if not group or k % group == 0]  # 96: a lone last block of 32
+
+
+def test_activation_quantisation_is_the_reference_bit_for_bit():
+    g = torch.Generator().manual_seed(5)
+    x = torch.randn(32, 160, generator=g) * 3
+    x[1, :32] = 0.0  # all-zero block
+    x[2, :32] = torch.arange(32) - 15.5  # max 16.5: d = 16.5/127, x/d hits ties and ±127
+    x[3, 32:64] = 1e-30  # tiny values
+    xq, d = torch.empty(32, 160, dtype=torch.int8), torch.empty(32, 5)
+    ql.library().trtforge_quantize_activations(x.data_ptr(), 32, 160, xq.data_ptr(), d.data_ptr())
+    rq, rd = ql.quantize_activations(x)
+    assert torch.equal(xq, rq) and torch.equal(d, rd)
+    assert rq.abs().max() == 127 and torch.equal(rq[1, :32], torch.zeros(32, dtype=torch.int8)) and rd[1, 0] == 1
+    back = rq.float().view(32, 5, 32) * rd.unsqueeze(-1)
+    assert (back.view(32, 160) - x).abs().le(rd.repeat_interleave(32, dim=1) * (0.5 + 128 * U)).all()
+
+
+@pytest.mark.parametrize("scheme,group", A8_CASES)
+@pytest.mark.parametrize("bias", [True, False])
+def test_gemv_a8_is_the_integer_reference(scheme, group, bias):
+    """Every row count 1..32 (the 4-output blocks, the 1-3 left over, rows looped inside a block)."""
+    for k in _k_values(group):
+        for rows in range(1, 33):
+            x, q, s, b = _a8_case(scheme, group, rows, k, bias, seed=rows + k)
+            want, m = ql.gemv_a8_reference(x, q, s, b, scheme, group)
+            with torch.inference_mode():
+                assert ql.a8_ok(k, scheme, group) and ql.kernel_ok(x, k, group or 8)
+                got = ql.gemv(x, q, s, b, scheme, group)  # the default takes int8 activations here
+            err = (got.double() - want).abs()
+            tol = _a8_tolerance(m, k, group)
+            assert err.le(tol).all(), (scheme, group, k, rows, err.div(tol).max())
+
+
+@pytest.mark.parametrize("scheme,group", A8_CASES)
+@pytest.mark.parametrize("rows", [1, 3, 32])
+def test_gemv_a8_against_the_float_product(scheme, group, rows):
+    for k in _k_values(group):
+        x, q, s, b = _a8_case(scheme, group, rows, k, True, seed=7 * rows + k)
+        w = ql.dequantize(q, s, scheme, group)
+        exact, _ = _exact_and_tolerance(x, w, b)
+        _, m = ql.gemv_a8_reference(x, q, s, b, scheme, group)
+        _, d = ql.quantize_activations(x)
+        step = d.double().repeat_interleave(32, dim=1) @ w.double().abs().T * (0.5 + 128 * U)
+        with torch.inference_mode():
+            got = ql.gemv(x, q, s, b, scheme, group, activations="int8")
+            exact_kernel = ql.gemv(x, q, s, b, scheme, group, activations="float")
+        err = (got.double() - exact).abs()
+        assert err.le(step + _a8_tolerance(m, k, group)).all(), err.div(step).max()
+        # not vacuous: the activations really are rounded (the float-activation kernel is much closer)
+        assert (exact_kernel.double() - exact).abs().max() * 100 < err.max()
+
+
+def test_a8_shapes_it_does_not_take():
+    """K or the int4 group not a multiple of 32: refused by name, the default falls back to the
+    float-activation kernel (the weight-only result); TRTFORGE_QUANT_ACTIVATIONS=float likewise."""
+    x, q, s, b = _a8_case("int8_wo", 0, 2, 40, True, seed=1)
+    assert not ql.a8_ok(40, "int8_wo", 0)
+    with torch.inference_mode():
+        with pytest.raises(ValueError, match="multiples of 32"):
+            ql.gemv(x, q, s, b, "int8_wo", 0, activations="int8")
+        got = ql.gemv(x, q, s, b, "int8_wo", 0)
+    exact, tol = _exact_and_tolerance(x, ql.dequantize(q, s, "int8_wo", 0), b)
+    assert (got.double() - exact).abs().le(tol).all()
+    x, q, s, b = _a8_case("int4_wo", 16, 2, 128, True, seed=2)
+    assert not ql.a8_ok(128, "int4_wo", 16) and ql.a8_ok(128, "int4_wo", 32)
+    with torch.inference_mode():
+        got = ql.gemv(x, q, s, b, "int4_wo", 16)
+    exact, tol = _exact_and_tolerance(x, ql.dequantize(q, s, "int4_wo", 16), b)
+    assert (got.double() - exact).abs().le(tol).all()
+
+
+def test_a8_can_be_switched_off(monkeypatch):
+    monkeypatch.setattr(ql, "INT8_ACTIVATIONS", False)
+    assert not ql.a8_ok(128, "int8_wo", 0)
+    fn, a8 = ql.gemv_function("int4_wo", 128, 32)
+    assert not a8 and fn is ql.library().trtforge_gemv_int4
+    monkeypatch.setattr(ql, "INT8_ACTIVATIONS", True)
+    fn, a8 = ql.gemv_function("int4_wo", 128, 32)
+    assert a8 and fn is ql.library().trtforge_gemv_int4_a8
+
+
+@pytest.mark.skipif(platform.machine() not in ("x86_64", "AMD64"), reason="-mno-avx2 is an x86 flag")
+def test_portable_scalar_a8_kernels(tmp_path, monkeypatch):
+    """The same source built without AVX/AVX2/FMA (the #else branch: plain C loops) against the
+    same integer reference and tolerance."""
+    monkeypatch.setenv("TRTFORGE_CACHE_DIR", str(tmp_path))
+    so = native.build(ql.LIBRARY.source, (*ql.LIBRARY.extra_flags, "-mno-avx", "-mno-avx2", "-mno-fma"))
+    lib = ctypes.CDLL(str(so))
+    for name, (restype, argtypes) in ql._SIGNATURES.items():
+        getattr(lib, name).restype, getattr(lib, name).argtypes = restype, argtypes
+    for scheme, group in A8_CASES:
+        for k in _k_values(group):
+            for rows in (1, 5, 32):
+                x, q, s, b = _a8_case(scheme, group, rows, k, True, seed=rows)
+                want, m = ql.gemv_a8_reference(x, q, s, b, scheme, group)
+                y = torch.empty(rows, 18)
+                args = (x.data_ptr(), rows, q.data_ptr(), s.data_ptr(), b.data_ptr(), y.data_ptr(), 18, k)
+                if scheme == "int8_wo":
+                    assert lib.trtforge_gemv_int8_a8(*args, 2) == 0
+                else:
+                    assert lib.trtforge_gemv_int4_a8(*args, group, 2) == 0
+                assert (y.double() - want).abs().le(_a8_tolerance(m, k, group)).all(), (scheme, group, k, rows)
