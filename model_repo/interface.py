@@ -69,11 +69,10 @@ OUTPUTS: tuple[TensorSpec, ...] = (
 PHASE_INPUTS: tuple[TensorSpec, ...] = (
     _opt("request_type", "TYPE_STRING"),
     _opt("context_phase_params", "TYPE_STRING"),
-    _opt("stop", "TYPE_BOOL"),
 )
 """Inputs of the `context` and `generation` models of a disaggregated repository (TensorRT-LLM's
 names): request_type context_only | generation_only; context_phase_params, the handover the
-context model answered with; stop, the router's cancel of the request with the same request id."""
+context model answered with."""
 
 PHASE_OUTPUTS: tuple[TensorSpec, ...] = (TensorSpec("context_phase_params", "TYPE_STRING", (-1,)),)
 """Output of the `context` model: the KV handle (JSON) to pass to the generation model."""

@@ -198,8 +198,11 @@ class TritonServer:
             if not getattr(self, name):
                 setattr(self, name, free_port())
         out = open(self.log_file, "ab") if self.log_file else None  # noqa: SIM115 - lives with the process
+        env = server_env(install)
+        # The router of a disaggregated repository reaches this server's own phase models by gRPC.
+        env["TRTFORGE_TRITON_GRPC_URL"] = f"127.0.0.1:{self.grpc_port}"
         self.process = subprocess.Popen(
-            self.command(install, backend_dir), env=server_env(install),
+            self.command(install, backend_dir), env=env,
             stdout=out, stderr=subprocess.STDOUT if out else None,
             start_new_session=True,  # our signal handler, not the terminal, decides when it stops
         )

@@ -38,7 +38,6 @@ KV_ADVERTISE_HOST = "kv_advertise_host"
 # Inputs and outputs the phase models take beyond the `ensemble` interface (TensorRT-LLM's names).
 REQUEST_TYPE = "request_type"
 CONTEXT_PHASE_PARAMS = "context_phase_params"
-STOP = "stop"
 CONTEXT_ONLY, GENERATION_ONLY = "context_only", "generation_only"
 
 CONTEXT_SCHEDULER_FIELDS = ("max_num_tokens", "prefill_max_tokens", "prefill_chunk_size",

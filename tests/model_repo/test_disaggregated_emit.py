@@ -36,7 +36,7 @@ def test_cli_writes_three_models_each_with_its_phase_parameters(engine_dir, tmp_
     for config, phase in ((ctx, D.CONTEXT), (gen, D.GENERATION)):
         assert config.name == phase and config.model_transaction_policy.decoupled
         assert (repo / phase / "1" / "model.py").read_bytes() == MODEL_PY.read_bytes()
-        assert {"request_type", "context_phase_params", "stop"} <= {i.name for i in config.input}
+        assert {"request_type", "context_phase_params"} <= {i.name for i in config.input}
         assert "context_phase_params" in {o.name for o in config.output}
         params = {k: v.string_value for k, v in config.parameters.items()}
         assert params[D.PHASE] == phase

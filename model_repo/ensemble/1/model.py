@@ -19,8 +19,8 @@ triton-inference-server/vllm_backend):
 
 The same file serves the phase models of a disaggregated repository (`phase` parameter, see
 model_repo/phases.py): `context` answers with the first token and `context_phase_params` (the KV
-handle), `generation` continues from one. Both take the router's `stop` control request (the
-python backend cannot cancel a BLS request), and may be pinned to CPU cores (`cpus`).
+handle), `generation` continues from one. The router calls them by gRPC, like any client, so a
+cancel reaches them as it reaches the co-located model; they may be pinned to CPU cores (`cpus`).
 """
 
 from __future__ import annotations
@@ -57,8 +57,6 @@ class _Active:
     sender: Any
     logprobs: list[float] = field(default_factory=list)
     cum_logprob: float = 0.0
-    key: str = ""
-    """The router's id for it (phase models: what its `stop` control request names)."""
 
 
 class TritonPythonModel:
@@ -99,7 +97,6 @@ class TritonPythonModel:
         self._stop = threading.Event()
         self._lock = threading.Lock()  # guards _accepting against execute() during finalize()
         self._next_id = 0
-        self._by_key: dict[str, str] = {}  # the router's request id (Triton request_id) -> ours
         # Responses go out from their own thread, in order: a send is an IPC round trip to the
         # server, and while the engine thread is inside a kernel (which releases the GIL) the
         # sender thread can do it on the other core instead of adding it to the next step.
@@ -116,10 +113,6 @@ class TritonPythonModel:
         for request in requests:
             sender = request.get_response_sender()
             arrays = _inputs(request)
-            if self.phase != D.BOTH and _flag(arrays, D.STOP):  # the router's cancel: not a request
-                self._inbox.put((("stop", request.request_id(), ""), None, None))
-                _try_send(sender, None, FINAL)
-                continue
             try:
                 parsed = parse_request(arrays, self.exclude_input_default)
                 phase_input = self._phase_input(arrays)
@@ -132,7 +125,7 @@ class TritonPythonModel:
                                 "UNAVAILABLE")
                     continue
                 # Arrival is now: a deadline (timeout_s) counts the wait for the engine thread too.
-                self._inbox.put(((parsed, phase_input, request.request_id()), sender, time.monotonic()))
+                self._inbox.put(((parsed, phase_input), sender, time.monotonic()))
         return None
 
     def _phase_input(self, arrays: dict[str, np.ndarray]) -> Any:
@@ -196,12 +189,7 @@ class TritonPythonModel:
         except queue.Empty:
             return
         while item is not None:
-            (parsed, handle, key), sender, arrived = item
-            if parsed == "stop":
-                if handle in self._by_key:
-                    self._abort(self._by_key[handle], send_final=True)
-                item = self._next_item()
-                continue
+            (parsed, handle), sender, arrived = item
             self._next_id += 1
             request_id = f"triton-{self._next_id}"
             try:
@@ -218,9 +206,7 @@ class TritonPythonModel:
             except RuntimeError as exc:  # a handoff that cannot be taken (HandoffError)
                 self._send(None, sender, _error_response(str(exc), "UNAVAILABLE"), FINAL)
             else:
-                self._active[request_id] = _Active(parsed, sender, key=key)
-                if key:
-                    self._by_key[key] = request_id
+                self._active[request_id] = _Active(parsed, sender)
             item = self._next_item()
 
     def _next_item(self) -> Any:
@@ -241,8 +227,6 @@ class TritonPythonModel:
 
     def _abort(self, request_id: str, send_final: bool) -> None:
         active = self._active.pop(request_id, None)
-        if active is not None:
-            self._by_key.pop(active.key, None)
         self.engine.abort(request_id)  # frees its KV blocks now
         if active is not None and send_final:
             self._send(None, active.sender, None, FINAL)
@@ -250,7 +234,6 @@ class TritonPythonModel:
     def _fail_all(self, message: str) -> None:
         for request_id in list(self._active):
             active = self._active.pop(request_id)
-            self._by_key.pop(active.key, None)
             self.engine.abort(request_id)
             self._send(None, active.sender, _error_response(message), FINAL)
 
@@ -271,7 +254,6 @@ class TritonPythonModel:
             return
         if output.error or output.finish_reason in ("error", "abort"):
             self._active.pop(output.request_id)
-            self._by_key.pop(active.key, None)
             code = "UNAVAILABLE" if output.finish_reason == "timeout" else "INTERNAL"
             self._send(None, active.sender,
                        _error_response(output.error or f"request {output.finish_reason}ed", code), FINAL)
@@ -282,7 +264,6 @@ class TritonPythonModel:
             active.cum_logprob = output.cum_logprob
         if output.finished:
             self._active.pop(output.request_id)
-            self._by_key.pop(active.key, None)
             generation = self.phase == D.GENERATION  # its first token came from the context model
             self.metrics.observe_finished(output.metrics, len(output.output_token_ids) - generation,
                                           ttft=not generation)
@@ -337,11 +318,6 @@ def _inputs(request: Any) -> dict[str, np.ndarray]:
 def _text(arr: np.ndarray) -> str:
     value = np.asarray(arr).reshape(-1)[0]
     return value.decode("utf-8") if isinstance(value, bytes) else str(value)
-
-
-def _flag(arrays: dict[str, np.ndarray], name: str) -> bool:
-    arr = arrays.get(name)
-    return arr is not None and bool(np.asarray(arr).reshape(-1)[0])
 
 
 def _place_on_cpus(cpus: str, threads: str) -> None:

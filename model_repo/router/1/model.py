@@ -3,31 +3,37 @@
 Copied into `<repo>/ensemble/1/model.py` by `trtforge emit-repo --disaggregated`: clients call
 `ensemble` with the interface they already use, and each request goes
 
-    ensemble (this model) ──BLS, request_type=context_only──▶ context      prompt KV + first token
+    ensemble (this model) ──gRPC stream, request_type=context_only──▶ context   prompt KV + first token
                           ◀── first token, context_phase_params (the KV handle) ──
-                          ──BLS, request_type=generation_only + handle──▶ generation   decode
+                          ──gRPC stream, generation_only + handle──▶ generation   decode
                           ◀── text deltas … final ──
 
 Both phases are always asked for streamed deltas without the prompt; this model forwards them
 to a streaming client as they come, or joins them into the one answer of a non-streamed request,
 so clients see exactly what the co-located model sends. Errors of either phase (a prompt too long
-for the context model, an expired handoff) are forwarded as that request's error.
+for the context model, an expired handoff, a server gone) are forwarded as that request's error.
 
-Cancellation: Triton 2.51's python backend cannot cancel a BLS request, so a watcher thread
-polls the clients' `is_cancelled()` and sends the phase model currently serving that request a
-`stop` request with the same request id; that model aborts it (freeing its KV blocks) and ends
-its stream. A handoff nobody takes (the client left between the phases) is freed by the context
-model after `handoff_timeout_s`.
+The phase models are reached by gRPC (tritonclient), on this server or on others
+(`context_urls`, `generation_urls`; several of a kind: the least-loaded first). Not BLS: under
+concurrent streaming, Triton 2.51's python backend crashed the server (heap corruption in
+ResponseFactoryIsCancelled) when BLS requests fed a decoupled model; as gRPC clients the phase
+models are served exactly like the co-located model. On this server the address is
+$TRTFORGE_TRITON_GRPC_URL (set by `trtforge serve`), else Triton's default 127.0.0.1:8001.
 
-Servers on other hosts (`context_urls`, `generation_urls`): the phases are then gRPC streams
-(tritonclient) to the least-loaded server of each kind, and a cancel is a gRPC cancel. A server
-that has gone away fails the request with a message naming it; what the request held elsewhere
-is freed (the context server's handoff by its deadline, or at once when it was taken).
+Threads: one per request in flight (the gRPC streams block); ONE response thread that does every
+`send` and every `is_cancelled()` check, one after the other (an `is_cancelled()` racing a final
+`send` of the same request from another thread is the same crash); and a canceller that cancels
+the gRPC stream of a request whose client went away: the phase model frees its KV blocks at once.
+A handoff nobody takes (the client left between the phases) is freed by the context model after
+`handoff_timeout_s`. A server that has gone away fails the requests it was serving with a
+message naming it; what such a request held elsewhere is freed (the context server's handoff by
+its deadline, or at once when it was taken).
 """
 
 from __future__ import annotations
 
 import json
+import os
 import queue
 import threading
 import time
@@ -61,6 +67,8 @@ class _Flight:
     num_tokens: dict[str, int] = field(default_factory=dict)
     cancel: Any = None
     """Remote phase: cancels its gRPC stream (the server frees the request's KV)."""
+    last: Any = None
+    """A streamed client's last response, held until the phase's BLS stream has ended."""
     final_sent: bool = False
     """The client got its final response: its sender must not be touched again (Triton 2.51
     crashes in ResponseFactoryIsCancelled on a completed request)."""
@@ -73,15 +81,21 @@ class TritonPythonModel:
         self.context_model = parameters.get(D.CONTEXT_MODEL) or D.CONTEXT
         self.generation_model = parameters.get(D.GENERATION_MODEL) or D.GENERATION
         self.exclude_input_default = parameters.get("exclude_input_in_output", "false") == "true"
-        self.urls = {D.CONTEXT: _urls(parameters.get(D.CONTEXT_URLS, "")),
-                     D.GENERATION: _urls(parameters.get(D.GENERATION_URLS, ""))}
+        here = os.environ.get("TRTFORGE_TRITON_GRPC_URL") or "127.0.0.1:8001"
+        self.urls = {D.CONTEXT: _urls(parameters.get(D.CONTEXT_URLS, "")) or [here],
+                     D.GENERATION: _urls(parameters.get(D.GENERATION_URLS, "")) or [here]}
         self._load = {url: 0 for urls in self.urls.values() for url in urls}  # requests in flight
         self._flights: dict[str, _Flight] = {}
         self._lock = threading.Lock()
         self._accepting = True
         self._done = threading.Event()
-        self._watcher = threading.Thread(target=self._watch, name="trtforge-router-cancel", daemon=True)
+        self._cancels: queue.Queue = queue.Queue()  # (key, flight, model) found cancelled
+        self._watcher = threading.Thread(target=self._cancel_loop, name="trtforge-router-cancel",
+                                         daemon=True)
         self._watcher.start()
+        self._outbox: queue.Queue = queue.Queue()
+        self._sender = threading.Thread(target=self._send_loop, name="trtforge-router-send", daemon=True)
+        self._sender.start()
 
     def execute(self, requests: list[Any]) -> None:
         for request in requests:
@@ -93,12 +107,12 @@ class TritonPythonModel:
             try:
                 parsed = parse_request(inputs, self.exclude_input_default)
             except (ValueError, TypeError, OverflowError) as exc:
-                _send(sender, _error(f"bad request: {exc}", "INVALID_ARG"), FINAL)
+                self._outbox.put((sender, _error(f"bad request: {exc}", "INVALID_ARG"), FINAL))
                 continue
             with self._lock:
                 if not self._accepting:
-                    _send(sender, _error("the model is being unloaded; retry on another instance.",
-                                         "UNAVAILABLE"), FINAL)
+                    self._outbox.put((sender, _error("the model is being unloaded; retry on another "
+                                                     "instance.", "UNAVAILABLE"), FINAL))
                     continue
                 key = uuid.uuid4().hex
                 self._flights[key] = _Flight(sender, self.context_model)
@@ -113,7 +127,26 @@ class TritonPythonModel:
         while self._flights and time.monotonic() < deadline:
             time.sleep(0.05)
         self._done.set()
+        self._cancels.put(None)
         self._watcher.join(timeout=5)
+        self._outbox.put(None)
+        self._sender.join(timeout=5)
+
+    def _send_loop(self) -> None:
+        """Send responses in order; every _WATCH_S look for clients that went away."""
+        next_scan = time.monotonic() + _WATCH_S
+        while True:
+            try:
+                item = self._outbox.get(timeout=max(0.0, next_scan - time.monotonic()))
+            except queue.Empty:
+                item = ()
+            if item is None:
+                return
+            if item:
+                _send(*item)
+            if time.monotonic() >= next_scan:
+                self._scan_cancelled()
+                next_scan = time.monotonic() + _WATCH_S
 
     # -- one request ---------------------------------------------------------------------------
     def _route(self, key: str, parsed: Any, inputs: dict[str, Any]) -> None:
@@ -121,14 +154,17 @@ class TritonPythonModel:
         try:
             handle = self._phase(key, flight, parsed, self.context_model, inputs,
                                  D.CONTEXT_ONLY, None)
-            if handle is not None and not flight.stopped:
-                flight.model = self.generation_model
+            with self._lock:  # the watcher reads `stopped` and `model` together
+                go = handle is not None and not flight.stopped
+                if go:
+                    flight.model = self.generation_model
+            if go:
                 self._phase(key, flight, parsed, self.generation_model, inputs,
                             D.GENERATION_ONLY, handle)
             if not parsed.stream and not flight.stopped and flight.num_tokens:
                 self._final(flight, self._joined(flight, parsed))  # one response, as co-located
             else:
-                self._final(flight, None)
+                self._final(flight, flight.last)
         except _PhaseError as exc:
             self._final(flight, exc.response)
         except Exception as exc:  # noqa: BLE001 - answer the client whatever went wrong
@@ -143,7 +179,7 @@ class TritonPythonModel:
             if flight.final_sent:
                 return
             flight.final_sent = True
-        _send(flight.sender, response, FINAL)
+        self._outbox.put((flight.sender, response, FINAL))
 
     def _phase(self, key: str, flight: _Flight, parsed: Any, model: str, inputs: dict[str, np.ndarray],
                request_type: str, handle: bytes | None) -> bytes | None:
@@ -154,31 +190,15 @@ class TritonPythonModel:
         if handle is not None:
             arrays[D.CONTEXT_PHASE_PARAMS] = np.array([[handle]], dtype=object)
         kind = D.CONTEXT if request_type == D.CONTEXT_ONLY else D.GENERATION
-        if self.urls[kind]:
-            responses = self._remote(flight, kind, model, arrays, key)
-        else:  # fresh tensors for each BLS request
-            responses = self._local(model, [pb_utils.Tensor(n, a) for n, a in arrays.items()], key)
         handed = None
-        for outputs in responses:
+        for outputs in self._stream(flight, kind, model, arrays, key):
             if D.CONTEXT_PHASE_PARAMS in outputs:
                 handed = outputs.pop(D.CONTEXT_PHASE_PARAMS).reshape(-1)[0]
             self._forward(flight, parsed, outputs)
         return handed
 
-    @staticmethod
-    def _local(model: str, tensors: list[Any], key: str):
-        """A phase model of this server (BLS): its responses' outputs as arrays."""
-        request = pb_utils.InferenceRequest(model_name=model, inputs=tensors, request_id=key,
-                                            requested_output_names=_OUTPUT_NAMES)
-        for response in request.exec(decoupled=True):
-            if response.has_error():
-                raise _PhaseError(pb_utils.InferenceResponse(error=response.error()))
-            outputs = {t.name(): np.array(t.as_numpy(), copy=True) for t in response.output_tensors()}
-            if outputs:
-                yield outputs
-
-    def _remote(self, flight: _Flight, kind: str, model: str, arrays: dict[str, np.ndarray], key: str):
-        """A phase model on another server (gRPC stream to the least-loaded one)."""
+    def _stream(self, flight: _Flight, kind: str, model: str, arrays: dict[str, np.ndarray], key: str):
+        """One phase: a gRPC stream to the least-loaded server of that kind; its outputs as arrays."""
         import tritonclient.grpc as grpcclient  # noqa: PLC0415
 
         from trtforge.model_repo.client import infer_inputs  # noqa: PLC0415
@@ -200,6 +220,8 @@ class TritonPythonModel:
                 raise _PhaseError(_error(f"the {kind} server {url} failed this request: {exc}",
                                          "UNAVAILABLE")) from None
             while not finished:
+                if flight.stopped:  # cancelled by the client: the finally cancels the stream
+                    raise _PhaseError(_error("the request was cancelled", "UNAVAILABLE"))
                 try:
                     result, error = responses.get(timeout=0.5)
                 except queue.Empty:
@@ -242,10 +264,10 @@ class TritonPythonModel:
                                  "num_input_tokens", "num_output_tokens") if n in outputs]
             tensors = [pb_utils.Tensor(n, outputs[n]) for n in names]
             response = pb_utils.InferenceResponse(output_tensors=tensors)
-            if "num_output_tokens" in outputs:  # the phase model's last answer
-                self._final(flight, response)
+            if "num_output_tokens" in outputs:  # the phase model's last answer: sent with FINAL
+                flight.last = response            # once its BLS stream has ended (_route)
             else:
-                _send(flight.sender, response, 0)
+                self._outbox.put((flight.sender, response, 0))
 
     @staticmethod
     def _joined(flight: _Flight, parsed: Any) -> Any:
@@ -264,34 +286,25 @@ class TritonPythonModel:
         return pb_utils.InferenceResponse(output_tensors=tensors)
 
     # -- cancellation --------------------------------------------------------------------------
-    def _watch(self) -> None:
-        while not self._done.wait(_WATCH_S):
-            with self._lock:
-                gone = [(k, f) for k, f in self._flights.items()
-                        if not f.stopped and not f.final_sent and f.sender.is_cancelled()]
+    def _scan_cancelled(self) -> None:
+        """(Response thread.) Flights whose client went away: mark them, let the canceller act.
+        A flight whose final response is queued is skipped: only this thread sends it."""
+        with self._lock:
+            gone = [(k, f) for k, f in self._flights.items()
+                    if not f.stopped and not f.final_sent and f.sender.is_cancelled()]
             for key, flight in gone:
                 flight.stopped = True
-                cancel = flight.cancel
-                if cancel is not None:  # a remote phase: a gRPC cancel frees the request there
-                    try:
-                        cancel()
-                    except Exception:  # noqa: BLE001 - the stream already ended
-                        pass
-                elif not self.urls[D.CONTEXT if flight.model == self.context_model else D.GENERATION]:
-                    self._stop(key, flight.model)
+                self._cancels.put((key, flight, flight.model))
 
-    @staticmethod
-    def _stop(key: str, model: str) -> None:
-        """Ask `model` to abort the request `key` (frees its KV blocks; its stream ends)."""
-        request = pb_utils.InferenceRequest(
-            model_name=model, request_id=key, requested_output_names=["text_output"],
-            inputs=[_bytes("text_input", b""), pb_utils.Tensor("max_tokens", np.array([[1]], dtype=np.int32)),
-                    _bool(D.STOP, True)])
-        try:
-            for _ in request.exec(decoupled=True):
-                pass
-        except Exception as exc:  # noqa: BLE001 - the model may be gone; nothing is held then
-            pb_utils.Logger.log_warn(f"trtforge router: stop of {key} on {model} failed: {exc}")
+    def _cancel_loop(self) -> None:
+        while (item := self._cancels.get()) is not None:
+            key, flight, model = item
+            cancel = flight.cancel
+            if cancel is not None:  # the phase model sees the cancel and frees the request's KV
+                try:
+                    cancel()
+                except Exception:  # noqa: BLE001 - the stream already ended
+                    pass
 
 
 _INPUT_NAMES = {s.name for s in INPUTS}
