@@ -41,7 +41,8 @@ def handoff(exporter, importer: KVImporter, src: list[torch.Tensor], dst: list[t
 
 
 def socket_copy(nbytes: int) -> float:
-    """Seconds to send nbytes over a loopback TCP connection into a preallocated buffer."""
+    """Seconds to send nbytes over a loopback TCP connection (sendall of one buffer, recv_into
+    another): the bound for the network part of a handoff."""
     payload = bytearray(nbytes)
     server = socket.create_server(("127.0.0.1", 0))
     port = server.getsockname()[1]
@@ -55,8 +56,13 @@ def socket_copy(nbytes: int) -> float:
     thread.start()
     buf = bytearray(nbytes)
     t0 = time.perf_counter()
-    with socket.create_connection(("127.0.0.1", port)) as conn, conn.makefile("rb") as reader:
-        got = reader.readinto(memoryview(buf))
+    got, view = 0, memoryview(buf)
+    with socket.create_connection(("127.0.0.1", port)) as conn:
+        while got < nbytes:  # straight into the buffer, as the connector receives into the pool
+            n = conn.recv_into(view[got:])
+            if n == 0:
+                break
+            got += n
     seconds = time.perf_counter() - t0
     thread.join()
     server.close()
@@ -68,7 +74,11 @@ def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--tokens", type=int, default=2000)
     ap.add_argument("--repeat", type=int, default=10)
+    ap.add_argument("--threads", type=int, default=1,
+                    help="torch threads for the block copies (memory-bound; one avoids OpenMP waits "
+                         "on a shared machine)")
     args = ap.parse_args()
+    torch.set_num_threads(args.threads)
     nblocks = -(-args.tokens // BLOCK)
     src, dst = pools(nblocks * 2), pools(nblocks * 2)
     blocks = list(range(nblocks // 2, nblocks // 2 + nblocks))
