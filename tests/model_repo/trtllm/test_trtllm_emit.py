@@ -146,5 +146,5 @@ def test_trtllm_options_are_refused_for_other_engines(tmp_path, trtllm_engine):
     torch_engine.mkdir()
     raw = json.loads((trtllm_engine / "engine.json").read_text())
     (torch_engine / "engine.json").write_text(json.dumps({**raw, "backend": "torch"}))
-    with pytest.raises(ValueError, match="--backend trtllm"):
-        emit_repo(torch_engine, tmp_path / "repo", disaggregated=True)
+    with pytest.raises(ValueError, match="--backend trtllm"):  # (--disaggregated serves torch engines too)
+        emit_repo(torch_engine, tmp_path / "repo", trtllm_models_dir=tmp_path)
