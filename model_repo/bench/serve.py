@@ -178,7 +178,7 @@ async def send_request(client: Any, cfg: ServeBenchConfig, prompt: str, output_l
         yield {"model_name": cfg.model, "inputs": inputs, "request_id": uuid.uuid4().hex}
 
     record = RequestRecord(start=time.perf_counter(), group=group)
-    streamed = 0
+    streamed, final = 0, False
     responses = client.stream_infer(requests())
     try:
         async with asyncio.timeout(cfg.timeout_s):
@@ -196,13 +196,18 @@ async def send_request(client: Any, cfg: ServeBenchConfig, prompt: str, output_l
                     record.output_len = int(count.reshape(-1)[0])
                     record.prompt_len = int(result.as_numpy("num_input_tokens").reshape(-1)[0])
                     record.end = now
+                    final = True
+                    break
+                if result.get_response().parameters["triton_final_response"].bool_param:
+                    final = True
                     break
     except TimeoutError:
         record.error = f"no final answer within {cfg.timeout_s:.0f} s (--timeout-s)"
     except Exception as exc:  # noqa: BLE001 - a connection error fails this request, not the run
         record.error = f"{type(exc).__name__}: {exc}"
     finally:
-        responses.cancel()  # no-op after the final response; cancels on the server otherwise
+        if not final:  # cancel only an unfinished request: a cancel after the final response
+            responses.cancel()  # could keep Triton 2.51's python model from unloading
     if record.error is None and record.end is None:
         if streamed:  # the server closed the stream without counts: trust what was streamed
             record.end, record.output_len = record.chunk_times[-1], streamed
