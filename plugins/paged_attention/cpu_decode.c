@@ -54,56 +54,76 @@ static float *scores_buffer(size_t n) {
     return scratch;
 }
 
-/* s[g * s_stride + i] = scale * q_g . k_i for the `group` query heads q_g and the n keys
+/* The kernels below are written once for both pool types and specialised by the compiler: each
+ * is always inlined into a float32 and an int8 caller with I8 a constant, so the float path keeps
+ * its plain loads and a per-key scale of exactly 1 folds away. `ks` (int8 only) points at the
+ * first key's (or value's) scale; stride ks_stride per slot. */
+#define ALWAYS_INLINE static inline __attribute__((always_inline))
+
+ALWAYS_INLINE v8f load_row(const void *p, int64_t off, int I8) {
+    return I8 ? load_i8((const int8_t *)p + off) : v8_load((const float *)p + off);
+}
+
+ALWAYS_INLINE float key_scale(const float *ks, int64_t ks_stride, int64_t i, int I8) {
+    return I8 ? ks[i * ks_stride] : 1.0f;
+}
+
+/* s[g * s_stride + i] = scale * ks_i * q_g . k_i for the `group` query heads q_g and the n keys
  * k_i = k + i * row of one block, four keys at a time: each q chunk is loaded once per four
  * keys, and the four sums are independent dependency chains. */
-static void block_scores(const float *q, const float *k, int64_t n, int64_t row, int64_t group,
-                         int64_t head_dim, float scale, float *s, int64_t s_stride) {
+ALWAYS_INLINE void block_scores(const float *q, const void *k, const float *ks, int64_t ks_stride, int64_t n,
+                                int64_t row, int64_t group, int64_t head_dim, float scale, float *s,
+                                int64_t s_stride, int I8) {
     for (int64_t g = 0; g < group; g++) {
         const float *qg = q + g * head_dim;
         float *sg = s + g * s_stride;
         int64_t i = 0;
         for (; i + 4 <= n; i += 4) {
-            const float *k0 = k + i * row, *k1 = k0 + row, *k2 = k1 + row, *k3 = k2 + row;
             v8f a0 = v8_splat(0.0f), a1 = a0, a2 = a0, a3 = a0;
             for (int64_t d = 0; d < head_dim; d += 8) {
                 const v8f qd = v8_load(qg + d);
-                a0 += qd * v8_load(k0 + d);
-                a1 += qd * v8_load(k1 + d);
-                a2 += qd * v8_load(k2 + d);
-                a3 += qd * v8_load(k3 + d);
+                a0 += qd * load_row(k, i * row + d, I8);
+                a1 += qd * load_row(k, (i + 1) * row + d, I8);
+                a2 += qd * load_row(k, (i + 2) * row + d, I8);
+                a3 += qd * load_row(k, (i + 3) * row + d, I8);
             }
-            sg[i] = v8_sum(a0) * scale;
-            sg[i + 1] = v8_sum(a1) * scale;
-            sg[i + 2] = v8_sum(a2) * scale;
-            sg[i + 3] = v8_sum(a3) * scale;
+            sg[i] = v8_sum(a0) * (scale * key_scale(ks, ks_stride, i, I8));
+            sg[i + 1] = v8_sum(a1) * (scale * key_scale(ks, ks_stride, i + 1, I8));
+            sg[i + 2] = v8_sum(a2) * (scale * key_scale(ks, ks_stride, i + 2, I8));
+            sg[i + 3] = v8_sum(a3) * (scale * key_scale(ks, ks_stride, i + 3, I8));
         }
         for (; i < n; i++) {
             v8f acc = v8_splat(0.0f);
-            for (int64_t d = 0; d < head_dim; d += 8) acc += v8_load(qg + d) * v8_load(k + i * row + d);
-            sg[i] = v8_sum(acc) * scale;
+            for (int64_t d = 0; d < head_dim; d += 8) acc += v8_load(qg + d) * load_row(k, i * row + d, I8);
+            sg[i] = v8_sum(acc) * (scale * key_scale(ks, ks_stride, i, I8));
         }
     }
 }
 
-/* out_g += sum_i p[g * p_stride + i] v_i for the n values v_i = v + i * row of one block, four
- * values per pass over out_g. */
-static void block_values(const float *p, const float *v, int64_t n, int64_t row, int64_t group,
-                         int64_t head_dim, int64_t p_stride, float *out) {
+/* out_g += sum_i (p[g * p_stride + i] vs_i) v_i for the n values v_i = v + i * row of one block,
+ * four values per pass over out_g. */
+ALWAYS_INLINE void block_values(const float *p, const void *v, const float *vs, int64_t vs_stride, int64_t n,
+                                int64_t row, int64_t group, int64_t head_dim, int64_t p_stride, float *out,
+                                int I8) {
     for (int64_t g = 0; g < group; g++) {
         const float *pg = p + g * p_stride;
         float *og = out + g * head_dim;
         int64_t i = 0;
         for (; i + 4 <= n; i += 4) {
-            const float *v0 = v + i * row, *v1 = v0 + row, *v2 = v1 + row, *v3 = v2 + row;
-            const v8f p0 = v8_splat(pg[i]), p1 = v8_splat(pg[i + 1]), p2 = v8_splat(pg[i + 2]), p3 = v8_splat(pg[i + 3]);
+            const v8f p0 = v8_splat(pg[i] * key_scale(vs, vs_stride, i, I8)),
+                      p1 = v8_splat(pg[i + 1] * key_scale(vs, vs_stride, i + 1, I8)),
+                      p2 = v8_splat(pg[i + 2] * key_scale(vs, vs_stride, i + 2, I8)),
+                      p3 = v8_splat(pg[i + 3] * key_scale(vs, vs_stride, i + 3, I8));
             for (int64_t d = 0; d < head_dim; d += 8)
-                v8_store(og + d, v8_load(og + d) + ((p0 * v8_load(v0 + d) + p1 * v8_load(v1 + d)) +
-                                                    (p2 * v8_load(v2 + d) + p3 * v8_load(v3 + d))));
+                v8_store(og + d, v8_load(og + d) + ((p0 * load_row(v, i * row + d, I8) +
+                                                     p1 * load_row(v, (i + 1) * row + d, I8)) +
+                                                    (p2 * load_row(v, (i + 2) * row + d, I8) +
+                                                     p3 * load_row(v, (i + 3) * row + d, I8))));
         }
         for (; i < n; i++) {
-            const v8f pi = v8_splat(pg[i]);
-            for (int64_t d = 0; d < head_dim; d += 8) v8_store(og + d, v8_load(og + d) + pi * v8_load(v + i * row + d));
+            const v8f pi = v8_splat(pg[i] * key_scale(vs, vs_stride, i, I8));
+            for (int64_t d = 0; d < head_dim; d += 8)
+                v8_store(og + d, v8_load(og + d) + pi * load_row(v, i * row + d, I8));
         }
     }
 }
@@ -128,21 +148,26 @@ static void softmax(float *s, int64_t n) {
 }
 
 /* Position j of the context lives at slot table[j / block_size] * block_size + j % block_size;
- * the loops walk block by block (no division per position: a 64-bit divide costs ~40 cycles). */
-static void attend(const float *q, const float *key_pool, const float *value_pool, const int32_t *table,
-                   int64_t len, int64_t block_size, int64_t row, int64_t group, int64_t head_dim,
-                   float scale, float *s, float *out) {
+ * the loops walk block by block (no division per position: a 64-bit divide costs ~40 cycles).
+ * key_pool/value_pool point at this head's first value; int8: key_scales/value_scales at this
+ * head's first scale (num_kv_heads per slot). */
+ALWAYS_INLINE void attend(const float *q, const void *key_pool, const void *value_pool, const float *key_scales,
+                          const float *value_scales, const int32_t *table, int64_t len, int64_t block_size,
+                          int64_t row, int64_t num_kv_heads, int64_t group, int64_t head_dim, float scale,
+                          float *s, float *out, int I8) {
+    const int64_t elem = I8 ? (int64_t)sizeof(int8_t) : (int64_t)sizeof(float);
     for (int64_t start = 0, b = 0; start < len; start += block_size, b++) {
-        const int64_t n = len - start < block_size ? len - start : block_size;
-        block_scores(q, key_pool + (int64_t)table[b] * block_size * row, n, row, group, head_dim, scale,
-                     s + start, len);
+        const int64_t n = len - start < block_size ? len - start : block_size, first = (int64_t)table[b] * block_size;
+        block_scores(q, (const char *)key_pool + first * row * elem, I8 ? key_scales + first * num_kv_heads : NULL,
+                     num_kv_heads, n, row, group, head_dim, scale, s + start, len, I8);
     }
     for (int64_t g = 0; g < group; g++) softmax(s + g * len, len);
     memset(out, 0, group * head_dim * sizeof(float));
     for (int64_t start = 0, b = 0; start < len; start += block_size, b++) {
-        const int64_t n = len - start < block_size ? len - start : block_size;
-        block_values(s + start, value_pool + (int64_t)table[b] * block_size * row, n, row, group, head_dim,
-                     len, out);
+        const int64_t n = len - start < block_size ? len - start : block_size, first = (int64_t)table[b] * block_size;
+        block_values(s + start, (const char *)value_pool + first * row * elem,
+                     I8 ? value_scales + first * num_kv_heads : NULL, num_kv_heads, n, row, group, head_dim,
+                     len, out, I8);
     }
 }
 
@@ -182,9 +207,9 @@ int trtforge_decode_attention(const float *q, int64_t q_stride, const float *k, 
         float *s = scores_buffer((size_t)(group * len));
         if (!s) return -1;
         for (int64_t h = 0; h < num_kv_heads; h++)
-            attend(q + b * q_stride + h * group * head_dim, key_pool + h * head_dim,
-                   value_pool + h * head_dim, block_tables + b * table_width, len, block_size, row,
-                   group, head_dim, scale, s, out + (b * num_heads + h * group) * head_dim);
+            attend(q + b * q_stride + h * group * head_dim, key_pool + h * head_dim, value_pool + h * head_dim,
+                   NULL, NULL, block_tables + b * table_width, len, block_size, row, num_kv_heads, group,
+                   head_dim, scale, s, out + (b * num_heads + h * group) * head_dim, 0);
     }
     return 0;
 }
@@ -205,78 +230,6 @@ static float quantize_row(const float *x, int64_t head_dim, int8_t *q) {
         q[d] = (int8_t)r;
     }
     return scale;
-}
-
-/* block_scores for int8 keys: s[g * s_stride + i] = scale * ks[i * ks_stride] * (q_g . k_i). */
-static void block_scores_i8(const float *q, const int8_t *k, const float *ks, int64_t ks_stride, int64_t n,
-                            int64_t row, int64_t group, int64_t head_dim, float scale, float *s,
-                            int64_t s_stride) {
-    for (int64_t g = 0; g < group; g++) {
-        const float *qg = q + g * head_dim;
-        float *sg = s + g * s_stride;
-        int64_t i = 0;
-        for (; i + 4 <= n; i += 4) {
-            const int8_t *k0 = k + i * row, *k1 = k0 + row, *k2 = k1 + row, *k3 = k2 + row;
-            v8f a0 = v8_splat(0.0f), a1 = a0, a2 = a0, a3 = a0;
-            for (int64_t d = 0; d < head_dim; d += 8) {
-                const v8f qd = v8_load(qg + d);
-                a0 += qd * load_i8(k0 + d);
-                a1 += qd * load_i8(k1 + d);
-                a2 += qd * load_i8(k2 + d);
-                a3 += qd * load_i8(k3 + d);
-            }
-            sg[i] = v8_sum(a0) * (scale * ks[i * ks_stride]);
-            sg[i + 1] = v8_sum(a1) * (scale * ks[(i + 1) * ks_stride]);
-            sg[i + 2] = v8_sum(a2) * (scale * ks[(i + 2) * ks_stride]);
-            sg[i + 3] = v8_sum(a3) * (scale * ks[(i + 3) * ks_stride]);
-        }
-        for (; i < n; i++) {
-            v8f acc = v8_splat(0.0f);
-            for (int64_t d = 0; d < head_dim; d += 8) acc += v8_load(qg + d) * load_i8(k + i * row + d);
-            sg[i] = v8_sum(acc) * (scale * ks[i * ks_stride]);
-        }
-    }
-}
-
-/* block_values for int8 values: out_g += sum_i (p[g * p_stride + i] vs[i * vs_stride]) v_i. */
-static void block_values_i8(const float *p, const int8_t *v, const float *vs, int64_t vs_stride, int64_t n,
-                            int64_t row, int64_t group, int64_t head_dim, int64_t p_stride, float *out) {
-    for (int64_t g = 0; g < group; g++) {
-        const float *pg = p + g * p_stride;
-        float *og = out + g * head_dim;
-        int64_t i = 0;
-        for (; i + 4 <= n; i += 4) {
-            const int8_t *v0 = v + i * row, *v1 = v0 + row, *v2 = v1 + row, *v3 = v2 + row;
-            const v8f p0 = v8_splat(pg[i] * vs[i * vs_stride]), p1 = v8_splat(pg[i + 1] * vs[(i + 1) * vs_stride]),
-                      p2 = v8_splat(pg[i + 2] * vs[(i + 2) * vs_stride]), p3 = v8_splat(pg[i + 3] * vs[(i + 3) * vs_stride]);
-            for (int64_t d = 0; d < head_dim; d += 8)
-                v8_store(og + d, v8_load(og + d) + ((p0 * load_i8(v0 + d) + p1 * load_i8(v1 + d)) +
-                                                    (p2 * load_i8(v2 + d) + p3 * load_i8(v3 + d))));
-        }
-        for (; i < n; i++) {
-            const v8f pi = v8_splat(pg[i] * vs[i * vs_stride]);
-            for (int64_t d = 0; d < head_dim; d += 8) v8_store(og + d, v8_load(og + d) + pi * load_i8(v + i * row + d));
-        }
-    }
-}
-
-/* attend() over int8 pools: key_pool/value_pool point at this head's first value, key_scales /
- * value_scales at this head's first scale (stride num_kv_heads per slot). */
-static void attend_i8(const float *q, const int8_t *key_pool, const int8_t *value_pool, const float *key_scales,
-                      const float *value_scales, const int32_t *table, int64_t len, int64_t block_size, int64_t row,
-                      int64_t num_kv_heads, int64_t group, int64_t head_dim, float scale, float *s, float *out) {
-    for (int64_t start = 0, b = 0; start < len; start += block_size, b++) {
-        const int64_t n = len - start < block_size ? len - start : block_size, first = (int64_t)table[b] * block_size;
-        block_scores_i8(q, key_pool + first * row, key_scales + first * num_kv_heads, num_kv_heads, n, row, group,
-                        head_dim, scale, s + start, len);
-    }
-    for (int64_t g = 0; g < group; g++) softmax(s + g * len, len);
-    memset(out, 0, group * head_dim * sizeof(float));
-    for (int64_t start = 0, b = 0; start < len; start += block_size, b++) {
-        const int64_t n = len - start < block_size ? len - start : block_size, first = (int64_t)table[b] * block_size;
-        block_values_i8(s + start, value_pool + first * row, value_scales + first * num_kv_heads, num_kv_heads, n,
-                        row, group, head_dim, len, out);
-    }
 }
 
 int trtforge_decode_attention_int8(const float *q, int64_t q_stride, const float *k, int64_t k_stride,
@@ -307,9 +260,9 @@ int trtforge_decode_attention_int8(const float *q, int64_t q_stride, const float
         float *s = scores_buffer((size_t)(group * len));
         if (!s) return -1;
         for (int64_t h = 0; h < num_kv_heads; h++)
-            attend_i8(q + b * q_stride + h * group * head_dim, key_pool + h * head_dim, value_pool + h * head_dim,
-                      key_scales + h, value_scales + h, block_tables + b * table_width, len, block_size, row,
-                      num_kv_heads, group, head_dim, scale, s, out + (b * num_heads + h * group) * head_dim);
+            attend(q + b * q_stride + h * group * head_dim, key_pool + h * head_dim, value_pool + h * head_dim,
+                   key_scales + h, value_scales + h, block_tables + b * table_width, len, block_size, row,
+                   num_kv_heads, group, head_dim, scale, s, out + (b * num_heads + h * group) * head_dim, 1);
     }
     return 0;
 }
