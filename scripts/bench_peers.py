@@ -1,0 +1,404 @@
+"""trtforge vs llama.cpp vs ONNX Runtime GenAI on the CPU: one checkpoint, one run, 2 threads each.
+Not CI: scripts/bench_peers.sh builds llama.cpp, the peers' venv, the checkpoint and trtforge's
+engines, then calls this, which
+
+  1. converts the checkpoint for the peers (cached under --work): GGUF F32 with llama.cpp's
+     converter (told the locally trained tokenizer's pre-tokenizer is `qwen2`: prompts are token
+     ids, so only the vocabulary size matters), then `llama-quantize` Q8_0 and Q4_K_M; ONNX with
+     `python -m onnxruntime_genai.models.builder -p fp32|int8|int4 -e cpu`;
+  2. measures, per precision (fp32 / int8 / int4), best of --repeats:
+       - batch-1 decode tok/s: --decode-tokens tokens after a 16-token prompt (llama-bench
+         `-p 0 -n N`, whose context starts empty); trtforge and ORT GenAI time the decode steps
+         only (the prefill step and the first sampled token excluded);
+       - prefill tok/s at 128 and 512 prompt tokens (a new random prompt each time: no cache hit);
+  3. measures output tok/s under load: the 64-request mixed workload of `trtforge bench offline`
+     (prompts 32-512, outputs 32-256 tokens, EOS ignored) against `llama-server -np 16
+     --cont-batching` (16 requests in flight over HTTP, token-id prompts) and trtforge's offline
+     LLMEngine (all requests submitted at once, in-flight batching). ORT GenAI: not measured.
+
+Prefix caching is off everywhere (trtforge `enable_prefix_caching=False`; llama-server
+`--cache-ram 0` and `cache_prompt: false`; llama-bench and ORT GenAI do not reuse). Any peer that fails to convert, load
+or run is reported as FAILED in the table and the JSON, and the script exits 1.
+
+    python scripts/bench_peers.py --work DIR --llama-src SRC --llama-bin BIN --peers-python PY
+                                  [--repeats 3] [--load-requests 64] [--json F] [--plot F]
+The helpers `_ort` and `_gguf` run under the peers' Python (they import no trtforge).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import random
+import subprocess
+import sys
+import time
+import traceback
+import urllib.request
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+
+THREADS = 2
+PRECISIONS = {  # ours: (trtforge engine, llama.cpp GGUF type, ORT GenAI builder precision)
+    "fp32": ("trt_none", "F32", "fp32"),
+    "int8": ("trt_int8_wo", "Q8_0", "int8"),
+    "int4": ("trt_int4_wo", "Q4_K_M", "int4"),
+}
+PROMPT_LENS = (128, 512)
+DECODE_PROMPT = 16
+
+
+class PeerFailed(RuntimeError):
+    pass
+
+
+def log(msg: str) -> None:
+    print(f"[{time.strftime('%H:%M:%S')} load {os.getloadavg()[0]:.2f}] {msg}", flush=True)
+
+
+def run(cmd: list[str], what: str, **kw) -> subprocess.CompletedProcess:
+    """Run a command; a failure raises PeerFailed with the command's last output lines."""
+    log("$ " + " ".join(map(str, cmd)))
+    p = subprocess.run(list(map(str, cmd)), capture_output=True, text=True, **kw)
+    if p.returncode:
+        tail = "\n".join((p.stdout + p.stderr).strip().splitlines()[-15:])
+        raise PeerFailed(f"{what} failed (exit {p.returncode}):\n{tail}")
+    return p
+
+
+def random_ids(n: int, seed: int, vocab: int = 30000) -> list[int]:
+    rng = random.Random(seed)
+    return [rng.randrange(10, vocab) for _ in range(n)]
+
+
+# ---- conversions ------------------------------------------------------------------------------
+def convert_gguf(args, work: Path) -> dict[str, Path]:
+    bindir = Path(args.llama_bin)
+    for tool in ("llama-bench", "llama-server", "llama-quantize"):
+        if not (bindir / tool).is_file():
+            raise PeerFailed(f"llama.cpp: {bindir / tool} missing (build failed? see {work}/llama-build.log)")
+    out = {"F32": work / "model-f32.gguf"}
+    if not out["F32"].is_file():
+        run([args.peers_python, __file__, "_gguf", args.llama_src, work / "ckpt", out["F32"]], "GGUF conversion")
+    for q in ("Q8_0", "Q4_K_M"):
+        out[q] = work / f"model-{q.lower()}.gguf"
+        if not out[q].is_file():
+            run([bindir / "llama-quantize", out["F32"], out[q], q, THREADS], f"llama-quantize {q}")
+    return out
+
+
+def _gguf_main(llama_src: str, ckpt: str, outfile: str) -> None:
+    """(peers' Python) llama.cpp's convert_hf_to_gguf.py, with the pre-tokenizer check answered
+    `qwen2`: the demo checkpoint's tokenizer is trained locally, so its hash is unknown upstream."""
+    import runpy
+    sys.path[:0] = [llama_src, os.path.join(llama_src, "gguf-py")]
+    import conversion.base as base  # llama.cpp's converter package
+    base.TextModel.get_vocab_base_pre = lambda self, tokenizer: "qwen2"
+    sys.argv = ["convert_hf_to_gguf.py", ckpt, "--outtype", "f32", "--outfile", outfile]
+    runpy.run_path(os.path.join(llama_src, "convert_hf_to_gguf.py"), run_name="__main__")
+
+
+def convert_ort(args, work: Path, precision: str) -> Path:
+    out = work / f"ort_{precision}"
+    if not (out / "genai_config.json").is_file():
+        run([args.peers_python, "-m", "onnxruntime_genai.models.builder", "-m", work / "ckpt", "-o", out,
+             "-p", precision, "-e", "cpu", "-c", work / "ort_cache"], f"ORT GenAI builder -p {precision}")
+    cfg_path = out / "genai_config.json"  # the same thread count as everyone else
+    cfg = json.loads(cfg_path.read_text())
+    cfg["model"]["decoder"]["session_options"].update(intra_op_num_threads=THREADS, inter_op_num_threads=1)
+    cfg_path.write_text(json.dumps(cfg, indent=4))
+    return out
+
+
+# ---- batch-1: trtforge ----------------------------------------------------------------------------
+def trt_batch1(engine_dir: Path, repeats: int, decode_tokens: int) -> dict:
+    import torch
+
+    from trtforge.serving.core.sampling_params import SamplingParams
+    from trtforge.serving.engine import LLMEngine
+
+    torch.set_num_threads(THREADS)
+    engine = LLMEngine.from_engine_dir(engine_dir, kv_cache_memory="384MiB", enable_prefix_caching=False)
+
+    def generate(prompt: list[int], max_tokens: int) -> list[float]:
+        engine.add_request(prompt, SamplingParams(max_tokens=max_tokens, ignore_eos=True))
+        times = []
+        while engine.has_unfinished():
+            t = time.perf_counter()
+            engine.step()
+            times.append(time.perf_counter() - t)
+        return times
+
+    generate(random_ids(DECODE_PROMPT, 0), 4)  # warm-up
+    decode = max(decode_tokens / sum(generate(random_ids(DECODE_PROMPT, 1 + r), decode_tokens + 1)[1:])
+                 for r in range(repeats))
+    prefill = {n: max(n / sum(generate(random_ids(n, 100 * n + r), 1)) for r in range(repeats)) for n in PROMPT_LENS}
+    q = engine.engine_config.quantization or {}
+    return {"decode_tok_s": decode, "prefill_tok_s": prefill, "scheme": q.get("scheme", "float32"),
+            "group_size": q.get("group_size"), "describe": engine.executor.describe(),
+            "loadavg_1m": os.getloadavg()[0]}
+
+
+# ---- batch-1: llama.cpp ---------------------------------------------------------------------------
+def llama_batch1(bindir: Path, gguf: Path, repeats: int, decode_tokens: int) -> dict:
+    p = run([bindir / "llama-bench", "-m", gguf, "-t", THREADS, "-p", ",".join(map(str, PROMPT_LENS)),
+             "-n", decode_tokens, "-r", repeats, "-o", "json"], f"llama-bench {gguf.name}")
+    rows = json.loads(p.stdout)
+    best = lambda r: max(r["samples_ts"])  # noqa: E731  best of the repeats, like the others
+    out = {"prefill_tok_s": {}, "loadavg_1m": os.getloadavg()[0], "model_size": rows[0].get("model_size"),
+           "build": rows[0].get("build_commit"), "cpu_info": rows[0].get("cpu_info")}
+    for r in rows:
+        if r["n_gen"] == 0:
+            out["prefill_tok_s"][r["n_prompt"]] = best(r)
+        else:
+            out["decode_tok_s"] = best(r)
+    return out
+
+
+# ---- batch-1: ONNX Runtime GenAI (runs under the peers' Python) --------------------------------
+def ort_batch1(args, model_dir: Path) -> dict:
+    p = run([args.peers_python, __file__, "_ort", model_dir, "--repeats", args.repeats,
+             "--decode-tokens", args.decode_tokens], f"ORT GenAI {model_dir.name}")
+    r = json.loads(p.stdout.strip().splitlines()[-1])
+    for k in ("prefill_tok_s", "first_generate_next_token_s"):  # JSON made the prompt lengths strings
+        r[k] = {int(n): v for n, v in r[k].items()}
+    return {**r, "loadavg_1m": os.getloadavg()[0]}
+
+
+def _ort_main(model_dir: str, repeats: int, decode_tokens: int) -> None:
+    import numpy as np
+    import onnxruntime_genai as og
+
+    model = og.Model(model_dir)
+
+    def generate(prompt: list[int], new_tokens: int) -> tuple[float, float, float]:
+        """A new generator (no reuse): seconds of the prefill (append_tokens), of the first
+        generate_next_token, and of the next new_tokens - 1 (one forward + greedy pick each)."""
+        length = len(prompt) + new_tokens
+        params = og.GeneratorParams(model)
+        params.set_search_options(max_length=length, min_length=length, do_sample=False)  # EOS ignored
+        gen = og.Generator(model, params)
+        t0 = time.perf_counter()
+        gen.append_tokens(np.array(prompt, dtype=np.int32))
+        t1 = time.perf_counter()
+        gen.generate_next_token()
+        t2 = time.perf_counter()
+        for _ in range(new_tokens - 1):
+            if gen.is_done():
+                raise RuntimeError("ORT GenAI stopped early (EOS not ignored?)")
+            gen.generate_next_token()
+        t3 = time.perf_counter()
+        if len(gen.get_sequence(0)) != length:
+            raise RuntimeError(f"ORT GenAI produced {len(gen.get_sequence(0))} tokens, expected {length}")
+        return t1 - t0, t2 - t1, t3 - t2
+
+    generate(random_ids(DECODE_PROMPT, 0), 4)  # warm-up
+    decode = max((decode_tokens - 1) / generate(random_ids(DECODE_PROMPT, 1 + r), decode_tokens)[2]
+                 for r in range(repeats))
+    prefill, first = {}, {}
+    for n in PROMPT_LENS:
+        runs = [generate(random_ids(n, 100 * n + r), 1) for r in range(repeats)]
+        prefill[n] = max(n / t[0] for t in runs)
+        first[n] = min(t[1] for t in runs)
+    print(json.dumps({"decode_tok_s": decode, "prefill_tok_s": prefill, "first_generate_next_token_s": first}))
+
+
+# ---- under load -----------------------------------------------------------------------------------
+def workload(n: int, vocab: int):
+    from trtforge.serving.bench.offline_config import OfflineBenchConfig
+    from trtforge.serving.bench.workload import make_workload
+
+    c = OfflineBenchConfig()
+    return make_workload(n, (c.prompt_len_min, c.prompt_len_max), (c.output_len_min, c.output_len_max), vocab, c.seed)
+
+
+def trt_load(engine_dir: Path, n: int, max_batch_size: int | None) -> dict:
+    import torch
+
+    from trtforge.serving.bench.offline import run_inflight
+    from trtforge.serving.core.sampling_params import SamplingParams
+    from trtforge.serving.engine import LLMEngine
+
+    torch.set_num_threads(THREADS)
+    extra = {"max_batch_size": max_batch_size} if max_batch_size else {}
+    engine = LLMEngine.from_engine_dir(engine_dir, kv_cache_memory="384MiB", enable_prefix_caching=False, **extra)
+    reqs = workload(n, engine.engine_config.model.vocab_size)
+    engine.generate([list(range(10, 42))], SamplingParams(max_tokens=4))  # warm-up
+    r = run_inflight(engine, reqs, "trtforge_inflight").to_dict()
+    r["max_batch_size"] = engine.scheduler_config.max_batch_size
+    r["loadavg_1m"] = os.getloadavg()[0]
+    return r
+
+
+def llama_load(bindir: Path, gguf: Path, n: int, vocab: int, port: int = 18931, slots: int = 16) -> dict:
+    reqs = workload(n, vocab)
+    ctx = slots * 1024  # 1024 per slot >= the longest request (512 + 256)
+    cmd = [bindir / "llama-server", "-m", gguf, "-t", THREADS, "-tb", THREADS, "-np", slots, "--cont-batching",
+           "-c", ctx, "--cache-ram", 0, "--host", "127.0.0.1", "--port", port]
+    log("$ " + " ".join(map(str, cmd)))
+    logf = open(gguf.with_suffix(".server.log"), "w")
+    server = subprocess.Popen(list(map(str, cmd)), stdout=logf, stderr=subprocess.STDOUT)
+    url = f"http://127.0.0.1:{port}"
+    try:
+        for _ in range(240):
+            if server.poll() is not None:
+                raise PeerFailed(f"llama-server exited {server.returncode}: see {logf.name}")
+            try:
+                if urllib.request.urlopen(url + "/health", timeout=2).status == 200:
+                    break
+            except OSError:
+                time.sleep(0.5)
+        else:
+            raise PeerFailed(f"llama-server not healthy after 2 min: see {logf.name}")
+
+        def complete(prompt: list[int], n_predict: int) -> int:
+            body = json.dumps({"prompt": prompt, "n_predict": n_predict, "ignore_eos": True, "cache_prompt": False,
+                               "temperature": 0.0, "top_k": 1}).encode()
+            req = urllib.request.Request(url + "/completion", body, {"Content-Type": "application/json"})
+            out = json.loads(urllib.request.urlopen(req, timeout=3600).read())
+            if out["tokens_predicted"] != n_predict:
+                raise PeerFailed(f"llama-server generated {out['tokens_predicted']} tokens, expected {n_predict}")
+            return out["tokens_predicted"]
+
+        complete(list(range(10, 42)), 4)  # warm-up
+        t = time.perf_counter()
+        with ThreadPoolExecutor(slots) as pool:
+            done = list(pool.map(lambda r: complete(r.prompt_token_ids, r.output_len), reqs))
+        elapsed = time.perf_counter() - t
+    finally:
+        server.terminate()
+        server.wait(30)
+        logf.close()
+    return {"name": "llama_server", "num_requests": n, "elapsed_s": elapsed, "useful_output_tokens": sum(done),
+            "prompt_tokens": sum(r.prompt_len for r in reqs), "output_tokens_per_s": sum(done) / elapsed,
+            "slots": slots, "loadavg_1m": os.getloadavg()[0]}
+
+
+# ---- report ---------------------------------------------------------------------------------------
+def attempt(report: dict, key: str, fn, *a, **kw):
+    """Run one measurement; a failure is recorded (and printed) as FAILED, never skipped silently."""
+    try:
+        result = fn(*a, **kw)
+        log(f"{key}: {json.dumps(result, default=str)[:400]}")
+        return result
+    except Exception as e:  # noqa: BLE001  reported, and the script exits 1
+        msg = f"{type(e).__name__}: {e}"
+        print(f"\n*** {key} FAILED ***\n{msg}\n{traceback.format_exc()}", file=sys.stderr, flush=True)
+        report["failures"][key] = msg
+        return None
+
+
+def fmt(x) -> str:
+    return "FAILED" if x is None else ("—" if x == "" else f"{x:.1f}" if x < 100 else f"{x:.0f}")
+
+
+def markdown(report: dict) -> str:
+    lines = ["| precision | engine (format) | decode tok/s (batch 1) | prefill tok/s @128 | @512 | output tok/s under load |",
+             "|---|---|---:|---:|---:|---:|"]
+    for prec, rows in report["batch1"].items():
+        for eng, r in rows.items():
+            load = report["load"].get(prec, {}).get(eng, "")
+            load = load.get("output_tokens_per_s") if isinstance(load, dict) else (None if load is None else "")
+            lines.append(f"| {prec} | {eng} | {fmt(r and r['decode_tok_s'])} | {fmt(r and r['prefill_tok_s'][128])} | "
+                         f"{fmt(r and r['prefill_tok_s'][512])} | {fmt(load)} |")
+    return "\n".join(lines)
+
+
+def plot(report: dict, path: str) -> None:
+    import matplotlib
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    panels = [("batch-1 decode tok/s", lambda p, e: (report["batch1"][p].get(e) or {}).get("decode_tok_s")),
+              ("prefill tok/s, 512-token prompt", lambda p, e: ((report["batch1"][p].get(e) or {}).get("prefill_tok_s") or {}).get(512)),
+              ("output tok/s under load (64 requests)", lambda p, e: (report["load"].get(p, {}).get(e) or {}).get("output_tokens_per_s"))]
+    engines = ["trtforge", "llama.cpp", "ORT GenAI"]
+    fig, axes = plt.subplots(1, 3, figsize=(15, 4.5))
+    for ax, (title, get) in zip(axes, panels):
+        for i, eng in enumerate(engines):
+            xs = [j + (i - 1) * 0.27 for j in range(len(PRECISIONS))]
+            vals = [get(p, eng) or 0 for p in PRECISIONS]
+            bars = ax.bar(xs, vals, 0.27, label=eng)
+            ax.bar_label(bars, [f"{v:.0f}" if v else "" for v in vals], fontsize=7)
+        ax.set_xticks(range(len(PRECISIONS)), ["fp32 (F32)", "int8 (Q8_0)", "int4 (Q4_K_M)"])
+        ax.set_title(title, fontsize=10)
+    axes[0].legend(fontsize=8)
+    fig.suptitle(f"CPU peers, {THREADS} threads each, Qwen2.5-0.5B-shaped random checkpoint "
+                 f"(load avg {report['loadavg_start']:.1f} -> {report['loadavg_end']:.1f})", fontsize=10)
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+
+
+def main() -> None:
+    if len(sys.argv) > 1 and sys.argv[1] == "_gguf":
+        return _gguf_main(*sys.argv[2:5])
+    if len(sys.argv) > 1 and sys.argv[1] == "_ort":
+        ap = argparse.ArgumentParser()
+        ap.add_argument("model"), ap.add_argument("--repeats", type=int), ap.add_argument("--decode-tokens", type=int)
+        a = ap.parse_args(sys.argv[2:])
+        return _ort_main(a.model, a.repeats, a.decode_tokens)
+
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--work", required=True)
+    ap.add_argument("--llama-src", required=True)
+    ap.add_argument("--llama-bin", required=True)
+    ap.add_argument("--peers-python", required=True)
+    ap.add_argument("--repeats", type=int, default=3)
+    ap.add_argument("--decode-tokens", type=int, default=128)
+    ap.add_argument("--load-requests", type=int, default=64)
+    ap.add_argument("--load-precisions", default="int8,int4", help="comma-separated, of fp32,int8,int4 ('' : none)")
+    ap.add_argument("--trt-load-max-batch", type=int, default=None,
+                    help="also run trtforge under load with this max_batch_size (e.g. 16, llama-server's slots)")
+    ap.add_argument("--json")
+    ap.add_argument("--plot")
+    args = ap.parse_args()
+    work, bindir = Path(args.work), Path(args.llama_bin)
+    uptime = subprocess.run(["uptime"], capture_output=True, text=True).stdout.strip()
+    report = {"uptime_start": uptime, "loadavg_start": os.getloadavg()[0], "threads": THREADS,
+              "cpu": subprocess.run(["lscpu"], capture_output=True, text=True).stdout, "failures": {},
+              "batch1": {}, "load": {}, "args": vars(args)}
+    log(f"start: {uptime}")
+
+    gguf = attempt(report, "llama.cpp conversion", convert_gguf, args, work) or {}
+    ort = {p: attempt(report, f"ORT GenAI {p} conversion", convert_ort, args, work, p) for p in PRECISIONS}
+
+    for prec, (trt_dir, gguf_type, _) in PRECISIONS.items():
+        rows = report["batch1"][prec] = {}
+        rows["trtforge"] = attempt(report, f"trtforge {prec} batch-1", trt_batch1, work / trt_dir, args.repeats,
+                                   args.decode_tokens)
+        rows["llama.cpp"] = (attempt(report, f"llama.cpp {gguf_type} batch-1", llama_batch1, bindir, gguf[gguf_type],
+                                     args.repeats, args.decode_tokens) if gguf_type in gguf else None)
+        rows["ORT GenAI"] = (attempt(report, f"ORT GenAI {prec} batch-1", ort_batch1, args, ort[prec])
+                             if ort[prec] else None)
+
+    vocab = json.loads((work / "ckpt" / "config.json").read_text())["vocab_size"]
+    for prec in filter(None, args.load_precisions.split(",")):
+        trt_dir, gguf_type, _ = PRECISIONS[prec]
+        rows = report["load"][prec] = {}
+        rows["trtforge"] = attempt(report, f"trtforge {prec} load", trt_load, work / trt_dir, args.load_requests, None)
+        if args.trt_load_max_batch:
+            rows[f"trtforge max_batch {args.trt_load_max_batch}"] = attempt(
+                report, f"trtforge {prec} load, max batch {args.trt_load_max_batch}", trt_load, work / trt_dir,
+                args.load_requests, args.trt_load_max_batch)
+        rows["llama.cpp"] = (attempt(report, f"llama-server {gguf_type} load", llama_load, bindir, gguf[gguf_type],
+                                     args.load_requests, vocab) if gguf_type in gguf else None)
+        rows["ORT GenAI"] = ""  # not measured (see docs/benchmarks.md)
+
+    report["uptime_end"] = subprocess.run(["uptime"], capture_output=True, text=True).stdout.strip()
+    report["loadavg_end"] = os.getloadavg()[0]
+    if args.json:  # first: the measurements are kept whatever the report code below does
+        Path(args.json).write_text(json.dumps(report, indent=2, default=str))
+    report["table"] = markdown(report)
+    print("\n" + report["table"] + f"\n\nstart: {report['uptime_start']}\nend:   {report['uptime_end']}", flush=True)
+    if args.json:
+        Path(args.json).write_text(json.dumps(report, indent=2, default=str))
+    if args.plot:
+        plot(report, args.plot)
+    if report["failures"]:
+        print("\nFAILED: " + "; ".join(report["failures"]), file=sys.stderr)
+        sys.exit(1)
+
+
+if __name__ == "__main__":
+    main()
