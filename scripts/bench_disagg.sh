@@ -11,20 +11,9 @@
 # Extra options of `trtforge bench disaggregated` go in $BENCH_DISAGG_ARGS.
 set -euo pipefail
 cd "$(dirname "$0")/.."
-PY=${PYTHON:-.venv/bin/python}
-BIN=$(dirname "$PY")
 OUT=${1:-out/bench_disagg}
-mkdir -p "$OUT"
-export TOKENIZERS_PARALLELISM=false
-echo "machine: $(lscpu | sed -n 's/^Model name: *//p'), $(nproc) cores, load average $(cut -d' ' -f1-3 /proc/loadavg)"
-start=$(date +%s)
-if [[ ! -f "$OUT/engine/engine.json" ]]; then
-  "$BIN/trtforge" demo-checkpoint "$OUT/checkpoint" --arch qwen2 --size 0.5b
-  "$BIN/build-engine" "$OUT/checkpoint" --output "$OUT/engine" --force -q --dtype float32 \
-    --max-seq-len 4096 --max-num-tokens 4096 --max-batch-size 16 --kv-block-size 16 \
-    --kv-cache-memory 512MiB
-fi
-echo "engine ready after $(( $(date +%s) - start )) s"
+# shellcheck source=scripts/bench_engine.sh
+source scripts/bench_engine.sh
 # shellcheck disable=SC2086 # BENCH_DISAGG_ARGS is a list of options on purpose
 "$BIN/trtforge" bench disaggregated --engine "$OUT/engine" --out "$OUT" ${BENCH_DISAGG_ARGS:-} | tee "$OUT/report.txt"
 echo "total wall time: $(( $(date +%s) - start )) s; load average now $(cut -d' ' -f1-3 /proc/loadavg)"

@@ -23,3 +23,17 @@ def run_cli(*args: str, timeout: int = 300) -> None:
                           timeout=timeout)
     if proc.returncode != 0:
         pytest.fail(f"{' '.join(args)} failed ({proc.returncode}):\n{proc.stdout}\n{proc.stderr}")
+
+
+def fail_alone(bad: list, good: list, expected: list[str]) -> None:
+    """Run bad requests (callables, each with the error it must raise) and good ones at once: each
+    bad one fails with its message, every good one returns its expected text."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    with ThreadPoolExecutor(len(bad) + len(good)) as pool:
+        good_futures = [pool.submit(fn) for fn in good]
+        bad_futures = [(pool.submit(fn), why) for fn, why in bad]
+        for future, why in bad_futures:
+            with pytest.raises(RuntimeError, match=why):
+                future.result()
+        assert [f.result() for f in good_futures] == expected

@@ -25,7 +25,7 @@ from trtforge.model_repo import client
 from trtforge.model_repo.emit import read_config
 from trtforge.model_repo.launcher import TritonServer
 
-from tests.e2e.helpers import BIN, run_cli
+from tests.e2e.helpers import BIN, fail_alone, run_cli
 from tests.e2e.test_triton_e2e import metrics, wait_for
 
 pytestmark = pytest.mark.e2e
@@ -183,13 +183,7 @@ def test_bad_requests_fail_alone_with_clear_errors(served):
         (lambda: client.generate_http(http, "hi", 4, temperature=-1.0), "temperature"),
     ]
     good = [lambda p=p: "".join(client.stream_grpc(url, p, MAX_TOKENS)) for p in PROMPTS]
-    with ThreadPoolExecutor(len(bad) + len(good)) as pool:
-        good_futures = [pool.submit(fn) for fn in good]
-        bad_futures = [(pool.submit(fn), why) for fn, why in bad]
-        for future, why in bad_futures:
-            with pytest.raises(RuntimeError, match=why):
-                future.result()
-        assert [f.result() for f in good_futures] == [served.expected[p] for p in PROMPTS]
+    fail_alone(bad, good, [served.expected[p] for p in PROMPTS])
     assert wait_for(lambda: _idle(served))
 
 

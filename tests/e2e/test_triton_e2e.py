@@ -23,7 +23,7 @@ from trtforge.model_repo import client
 from trtforge.model_repo.emit import read_config
 from trtforge.model_repo.launcher import TritonServer
 
-from tests.e2e.helpers import run_cli
+from tests.e2e.helpers import fail_alone, run_cli
 
 pytestmark = pytest.mark.e2e
 
@@ -159,13 +159,7 @@ def test_bad_requests_fail_alone_while_good_ones_finish(served):
          rf"max_tokens=1000000 exceeds max_seq_len={served.max_seq_len}; send max_tokens <= \d+"),
     ]
     good = [lambda p=p: "".join(client.stream_grpc(url, p, MAX_TOKENS)) for p in PROMPTS]
-    with ThreadPoolExecutor(len(bad) + len(good)) as pool:
-        good_futures = [pool.submit(fn) for fn in good]
-        bad_futures = [(pool.submit(fn), why) for fn, why in bad]
-        for future, why in bad_futures:
-            with pytest.raises(RuntimeError, match=why):
-                future.result()
-        assert [f.result() for f in good_futures] == [served.expected[p] for p in PROMPTS]
+    fail_alone(bad, good, [served.expected[p] for p in PROMPTS])
 
 
 def test_invalid_parameter_fails_model_load_naming_it(served):
