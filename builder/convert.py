@@ -123,6 +123,19 @@ def _layout(items: list[Item], dtype: torch.dtype, quant: dict[str, Any] | None,
     return layout
 
 
+def plan_with_extras(cfg: ModelConfig, spec: ArchSpec, reader: TensorReader, hf_config: Any
+                     ) -> tuple[list, list[tuple[str, torch.Tensor]]]:
+    """The weights to convert (plan) and the tensors computed here rather than read (RoPE's
+    inverse frequencies, whose attention scaling is recorded in cfg)."""
+    items = plan(cfg, spec, reader)
+    extra: list[tuple[str, torch.Tensor]] = []
+    if cfg.position == "rope":
+        inv_freq, scaling = compute_inv_freq(hf_config, cfg.rope_type, cfg.rope_theta, cfg.head_dim)
+        cfg.rope_attention_scaling = scaling
+        extra.append(("rope_inv_freq", inv_freq))
+    return items, extra
+
+
 def convert(cfg: ModelConfig, spec: ArchSpec, reader: TensorReader, hf_config: Any,
             dtype: torch.dtype, out: Path, progress: bool = True,
             quant: dict[str, Any] | None = None) -> dict[str, int]:
@@ -130,12 +143,7 @@ def convert(cfg: ModelConfig, spec: ArchSpec, reader: TensorReader, hf_config: A
     not), "weight_bytes_unquantized": what the same weights take in `dtype`}. quant: engine.json's
     `quantization` (scheme, group_size) — the decoder's linear weights are quantized from their
     float32 values and stored with their scales."""
-    items = plan(cfg, spec, reader)
-    extra: list[tuple[str, torch.Tensor]] = []
-    if cfg.position == "rope":
-        inv_freq, scaling = compute_inv_freq(hf_config, cfg.rope_type, cfg.rope_theta, cfg.head_dim)
-        cfg.rope_attention_scaling = scaling
-        extra.append(("rope_inv_freq", inv_freq))
+    items, extra = plan_with_extras(cfg, spec, reader, hf_config)
     head = quantized_head_source(cfg, quant)
     layout = _layout(items, dtype, quant, head) + [(n, t.dtype, tuple(t.shape)) for n, t in extra]
     writer = StreamingSafetensorsWriter(out, layout, {"format": "pt", "producer": "trtforge"})

@@ -16,9 +16,8 @@ from tqdm import tqdm
 
 from .architectures import ArchSpec
 from .checkpoint import TensorReader
-from .convert import _combine, plan
+from .convert import _combine, plan_with_extras
 from .model_config import ModelConfig
-from .rope import compute_inv_freq
 from .safetensors_stream import StreamingSafetensorsWriter
 from .tensor_parallel import shard_of, shard_tensor
 
@@ -27,12 +26,7 @@ def convert_sharded(cfg: ModelConfig, spec: ArchSpec, reader: TensorReader, hf_c
                     out_dir: Path, tp: int, progress: bool = True) -> dict[str, int]:
     """Write rank0..rank{tp-1}.safetensors into out_dir; returns convert()'s sizes (weight_bytes:
     all ranks' files together, replicated tensors counted once per rank)."""
-    items = plan(cfg, spec, reader)
-    extra: list[tuple[str, torch.Tensor]] = []
-    if cfg.position == "rope":
-        inv_freq, scaling = compute_inv_freq(hf_config, cfg.rope_type, cfg.rope_theta, cfg.head_dim)
-        cfg.rope_attention_scaling = scaling
-        extra.append(("rope_inv_freq", inv_freq))
+    items, extra = plan_with_extras(cfg, spec, reader, hf_config)
     shards = [shard_of(cfg, tp, r) for r in range(tp)]
     writers = []
     try:

@@ -171,6 +171,27 @@ ALWAYS_INLINE void attend(const float *q, const void *key_pool, const void *valu
     }
 }
 
+/* Every sequence's attention, KV head by KV head (its G query heads together); -1 if no scratch. */
+ALWAYS_INLINE int attend_all(const float *q, int64_t q_stride, const void *key_pool, const void *value_pool,
+                             const float *key_scales, const float *value_scales, const int32_t *block_tables,
+                             int64_t table_width, const int32_t *seq_lens, float *out, int64_t num_seqs,
+                             int64_t num_heads, int64_t num_kv_heads, int64_t head_dim, int64_t block_size,
+                             float scale, int I8) {
+    const int64_t group = num_heads / num_kv_heads, row = num_kv_heads * head_dim;
+    const int64_t elem = I8 ? (int64_t)sizeof(int8_t) : (int64_t)sizeof(float);
+    for (int64_t b = 0; b < num_seqs; b++) {
+        const int64_t len = seq_lens[b];
+        float *s = scores_buffer((size_t)(group * len));
+        if (!s) return -1;
+        for (int64_t h = 0; h < num_kv_heads; h++)
+            attend(q + b * q_stride + h * group * head_dim, (const char *)key_pool + h * head_dim * elem,
+                   (const char *)value_pool + h * head_dim * elem, I8 ? key_scales + h : NULL,
+                   I8 ? value_scales + h : NULL, block_tables + b * table_width, len, block_size, row,
+                   num_kv_heads, group, head_dim, scale, s, out + (b * num_heads + h * group) * head_dim, I8);
+    }
+    return 0;
+}
+
 static int inputs_ok(int64_t num_blocks, int64_t block_size, const int64_t *slot_mapping,
                      const int32_t *block_tables, int64_t table_width, const int32_t *seq_lens,
                      int64_t num_seqs) {
@@ -192,7 +213,6 @@ int trtforge_decode_attention(const float *q, int64_t q_stride, const float *k, 
                               const int32_t *seq_lens, float *out, int64_t num_seqs,
                               int64_t num_heads, int64_t num_kv_heads, int64_t head_dim,
                               float scale) {
-    const int64_t group = num_heads / num_kv_heads;
     const int64_t row = num_kv_heads * head_dim; /* floats per slot */
     const int64_t num_slots = num_blocks * block_size;
     float *key_pool = pool, *value_pool = pool + num_slots * row;
@@ -202,16 +222,8 @@ int trtforge_decode_attention(const float *q, int64_t q_stride, const float *k, 
         memcpy(key_pool + slot_mapping[b] * row, k + b * k_stride, row * sizeof(float));
         memcpy(value_pool + slot_mapping[b] * row, v + b * v_stride, row * sizeof(float));
     }
-    for (int64_t b = 0; b < num_seqs; b++) {
-        const int64_t len = seq_lens[b];
-        float *s = scores_buffer((size_t)(group * len));
-        if (!s) return -1;
-        for (int64_t h = 0; h < num_kv_heads; h++)
-            attend(q + b * q_stride + h * group * head_dim, key_pool + h * head_dim, value_pool + h * head_dim,
-                   NULL, NULL, block_tables + b * table_width, len, block_size, row, num_kv_heads, group,
-                   head_dim, scale, s, out + (b * num_heads + h * group) * head_dim, 0);
-    }
-    return 0;
+    return attend_all(q, q_stride, key_pool, value_pool, NULL, NULL, block_tables, table_width, seq_lens,
+                      out, num_seqs, num_heads, num_kv_heads, head_dim, block_size, scale, 0);
 }
 
 /* ---- int8 KV --------------------------------------------------------------------------------- */
@@ -239,7 +251,6 @@ int trtforge_decode_attention_int8(const float *q, int64_t q_stride, const float
                                    const int32_t *seq_lens, float *out, int64_t num_seqs,
                                    int64_t num_heads, int64_t num_kv_heads, int64_t head_dim,
                                    float scale) {
-    const int64_t group = num_heads / num_kv_heads;
     const int64_t row = num_kv_heads * head_dim; /* int8 values per slot */
     const int64_t num_slots = num_blocks * block_size;
     int8_t *key_pool = pool, *value_pool = pool + num_slots * row;
@@ -255,14 +266,6 @@ int trtforge_decode_attention_int8(const float *q, int64_t q_stride, const float
                 quantize_row(v + b * v_stride + h * head_dim, head_dim, value_pool + slot * row + h * head_dim);
         }
     }
-    for (int64_t b = 0; b < num_seqs; b++) {
-        const int64_t len = seq_lens[b];
-        float *s = scores_buffer((size_t)(group * len));
-        if (!s) return -1;
-        for (int64_t h = 0; h < num_kv_heads; h++)
-            attend(q + b * q_stride + h * group * head_dim, key_pool + h * head_dim, value_pool + h * head_dim,
-                   key_scales + h, value_scales + h, block_tables + b * table_width, len, block_size, row,
-                   num_kv_heads, group, head_dim, scale, s, out + (b * num_heads + h * group) * head_dim, 1);
-    }
-    return 0;
+    return attend_all(q, q_stride, key_pool, value_pool, key_scales, value_scales, block_tables, table_width,
+                      seq_lens, out, num_seqs, num_heads, num_kv_heads, head_dim, block_size, scale, 1);
 }
