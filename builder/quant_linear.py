@@ -11,12 +11,15 @@ Norms, biases and an untied embedding table stay in the engine dtype (embeddings
 a row at a time).
 
 How a `QuantLinear` computes (the quantisation math: plugins/cpu/quant_linear.py):
-  * float32 on CPU, ≤ GEMV_MAX_ROWS rows (decode): the C kernel — with the activation rows quantised
-    to int8 per block of 32 and integer dot products (W8A8 / W4A8; TRTFORGE_QUANT_ACTIVATIONS=float or
-    a K / int4 group that is not a multiple of 32: float activations, weights dequantised in registers);
-  * float32 on CPU, more rows (prefill): the weights dequantised by a C loop into a float32 scratch
-    buffer, then oneDNN's GEMM (as CpuLinear; plain F.linear where this torch lacks it) — the GEMM
-    is compute-bound there, so one extra pass over the weights costs little;
+  * float32 on CPU, any number of rows: the C kernel with the activation rows quantised to int8 per
+    block of 32 and integer dot products (W8A8 / W4A8) — decode steps and prefill chunks alike: on
+    the 2-core AMD EPYC (Zen 3) it is 1.05-1.9x as fast as the dequantise + oneDNN float32 GEMM
+    below at every row count measured (16-1024 rows of Qwen2.5-0.5B's four linears; the numbers are
+    in docs/quantization.md), and it never writes a float32 copy of the weights;
+  * TRTFORGE_QUANT_ACTIVATIONS=float or a K / int4 group that is not a multiple of 32: float
+    activations — up to GEMV_MAX_ROWS rows the C kernel dequantising the weights in registers, more
+    rows the weights dequantised by a C loop into a float32 scratch buffer, then oneDNN's GEMM (as
+    CpuLinear; plain F.linear where this torch lacks it);
   * anything else (CUDA, float16/bfloat16, autograd, no compiler): the reference — dequantise in
     torch, then F.linear. CUDA engines run this way: correct, but without a fused kernel.
 """
@@ -64,7 +67,8 @@ class QuantLinear(nn.Module):
         self.bias = nn.Parameter(torch.empty(out_features)) if bias else None
         self.gemv_only = False
         """Never dequantise the whole layer (the LM head: a float32 copy of it would be as big as the
-        memory quantising it saves): more rows run the GEMV GEMV_MAX_ROWS rows at a time."""
+        memory quantising it saves): with float activations, more rows run the GEMV GEMV_MAX_ROWS
+        rows at a time (the int8-activation kernel takes any number of rows anyway)."""
 
     def extra_repr(self) -> str:
         group = f", group_size={self.group}" if self.group else ""
@@ -76,7 +80,7 @@ class QuantLinear(nn.Module):
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         if ql.kernel_ok(x, self.in_features, self.group or 8):
             rows = x.numel() // self.in_features
-            if rows <= GEMV_MAX_ROWS:
+            if rows <= GEMV_MAX_ROWS or ql.a8_ok(self.in_features, self.scheme, self.group):
                 return ql.gemv(x, self.qweight, self.scales, self.bias, self.scheme, self.group)
             if self.gemv_only:
                 flat = x.reshape(rows, self.in_features)

@@ -398,6 +398,31 @@ static inline __attribute__((always_inline)) void q8_int8_row(const int8_t *xq, 
     for (int j = 0; j < NW; j++) yr[n0 + j] = hsum_ps(acc[j]) * scale[n0 + j] + (bias ? bias[n0 + j] : 0.0f);
 }
 
+/* Two activation rows against four int8 weight rows: each weight vector loaded once for both rows
+ * (more rows per call: prefill chunks and large decode batches). */
+static inline __attribute__((always_inline)) void q8_int8_row2(const int8_t *xq0, const float *xd0, const int8_t *xq1,
+                                                                const float *xd1, const int8_t *w, const float *scale,
+                                                                const float *bias, float *y0, float *y1, int64_t n0,
+                                                                int64_t k) {
+    __m256 a0[4] = {_mm256_setzero_ps(), _mm256_setzero_ps(), _mm256_setzero_ps(), _mm256_setzero_ps()};
+    __m256 a1[4] = {_mm256_setzero_ps(), _mm256_setzero_ps(), _mm256_setzero_ps(), _mm256_setzero_ps()};
+    const int64_t nb = k / QK;
+    for (int64_t b = 0; b < nb; b++) {
+        const __m256i xv0 = _mm256_loadu_si256((const __m256i *)(xq0 + b * QK)), xa0 = _mm256_sign_epi8(xv0, xv0);
+        const __m256i xv1 = _mm256_loadu_si256((const __m256i *)(xq1 + b * QK)), xa1 = _mm256_sign_epi8(xv1, xv1);
+        const __m256 d0 = _mm256_broadcast_ss(xd0 + b), d1 = _mm256_broadcast_ss(xd1 + b);
+        for (int j = 0; j < 4; j++) {
+            const __m256i wv = _mm256_loadu_si256((const __m256i *)(w + (n0 + j) * k + b * QK));
+            a0[j] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(dot_i8(xa0, xv0, wv)), d0, a0[j]);
+            a1[j] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(dot_i8(xa1, xv1, wv)), d1, a1[j]);
+        }
+    }
+    for (int j = 0; j < 4; j++) {
+        y0[n0 + j] = hsum_ps(a0[j]) * scale[n0 + j] + (bias ? bias[n0 + j] : 0.0f);
+        y1[n0 + j] = hsum_ps(a1[j]) * scale[n0 + j] + (bias ? bias[n0 + j] : 0.0f);
+    }
+}
+
 /* 8 int32 lanes of sum((q + 8) * xq) over 64 packed int4 weights (two blocks) and the permuted xq. */
 static inline __m256i dot_u4_pair(const uint8_t *w, const int8_t *xq) {
     const __m256i m = _mm256_set1_epi8(0x0F);
@@ -463,6 +488,49 @@ static inline __attribute__((always_inline)) void q8_int4_row(const int8_t *xq, 
     for (int j = 0; j < NW; j++) yr[n0 + j] = hsum_ps(t[j]) + (bias ? bias[n0 + j] : 0.0f);
 }
 
+/* Two activation rows against four int4 weight rows, groups a multiple of 64 inputs: each packed
+ * weight vector is loaded and split into nibbles once for both rows. */
+static inline __attribute__((always_inline)) void q8_int4_row2(const int8_t *xq0, const float *xd40, const int32_t *corr0,
+                                                                const int8_t *xq1, const float *xd41, const int32_t *corr1,
+                                                                const uint8_t *w, const float *scale, const float *bias,
+                                                                float *y0, float *y1, int64_t n0, int64_t k,
+                                                                int64_t group) {
+    const int64_t kb = k / 2, groups = k / group;
+    const __m256i m = _mm256_set1_epi8(0x0F), flip = _mm256_set1_epi8((char)0x88), ones = _mm256_set1_epi16(1);
+    __m256 t0[4] = {_mm256_setzero_ps(), _mm256_setzero_ps(), _mm256_setzero_ps(), _mm256_setzero_ps()};
+    __m256 t1[4] = {_mm256_setzero_ps(), _mm256_setzero_ps(), _mm256_setzero_ps(), _mm256_setzero_ps()};
+    for (int64_t g = 0; g < groups; g++) {
+        __m256 a0[4] = {_mm256_setzero_ps(), _mm256_setzero_ps(), _mm256_setzero_ps(), _mm256_setzero_ps()};
+        __m256 a1[4] = {_mm256_setzero_ps(), _mm256_setzero_ps(), _mm256_setzero_ps(), _mm256_setzero_ps()};
+        for (int64_t i = g * group; i < (g + 1) * group; i += 2 * QK) {
+            const __m256i e0 = _mm256_loadu_si256((const __m256i *)(xq0 + i)), o0 = _mm256_loadu_si256((const __m256i *)(xq0 + i + 32));
+            const __m256i e1 = _mm256_loadu_si256((const __m256i *)(xq1 + i)), o1 = _mm256_loadu_si256((const __m256i *)(xq1 + i + 32));
+            PREFETCH_NEXT(w + (n0 + 8) * kb, i / 2 * 4, 4);
+            for (int j = 0; j < 4; j++) {
+                const __m256i v = _mm256_xor_si256(_mm256_loadu_si256((const __m256i *)(w + (n0 + j) * kb + i / 2)), flip);
+                const __m256i lo = _mm256_and_si256(v, m), hi = _mm256_and_si256(_mm256_srli_epi16(v, 4), m);
+                const __m256i s0 = _mm256_sub_epi32(_mm256_madd_epi16(_mm256_add_epi16(
+                    _mm256_maddubs_epi16(lo, e0), _mm256_maddubs_epi16(hi, o0)), ones),
+                    _mm256_loadu_si256((const __m256i *)(corr0 + i / QK * 4)));
+                const __m256i s1 = _mm256_sub_epi32(_mm256_madd_epi16(_mm256_add_epi16(
+                    _mm256_maddubs_epi16(lo, e1), _mm256_maddubs_epi16(hi, o1)), ones),
+                    _mm256_loadu_si256((const __m256i *)(corr1 + i / QK * 4)));
+                a0[j] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(s0), _mm256_loadu_ps(xd40 + i / QK * 4), a0[j]);
+                a1[j] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(s1), _mm256_loadu_ps(xd41 + i / QK * 4), a1[j]);
+            }
+        }
+        for (int j = 0; j < 4; j++) {
+            const __m256 sc = _mm256_broadcast_ss(scale + (n0 + j) * groups + g);
+            t0[j] = _mm256_fmadd_ps(a0[j], sc, t0[j]);
+            t1[j] = _mm256_fmadd_ps(a1[j], sc, t1[j]);
+        }
+    }
+    for (int j = 0; j < 4; j++) {
+        y0[n0 + j] = hsum_ps(t0[j]) + (bias ? bias[n0 + j] : 0.0f);
+        y1[n0 + j] = hsum_ps(t1[j]) + (bias ? bias[n0 + j] : 0.0f);
+    }
+}
+
 #else
 /* ---- portable scalar C: the same integer dots and scale products (natural summation order) ---- */
 static inline void q8_int8_row(const int8_t *xq, const float *xd, const int8_t *w, const float *scale,
@@ -517,7 +585,14 @@ int trtforge_gemv_int8_a8(const float *x, int64_t rows, const int8_t *q, const f
 #pragma omp parallel for schedule(static) num_threads(threads)
     for (int64_t blk = 0; blk < blocks; blk++) {
         const int64_t n0 = blk * 4;
-        for (int64_t r = 0; r < rows; r++) {  /* the block's weights stay in L1/L2 across rows */
+        int64_t r = 0;
+#ifdef __AVX2__
+        if (n0 + 4 <= n_out)
+            for (; r + 2 <= rows; r += 2)
+                q8_int8_row2(xq + r * k, xd + r * nb, xq + (r + 1) * k, xd + (r + 1) * nb, q, scale, bias,
+                             y + r * n_out, y + (r + 1) * n_out, n0, k);
+#endif
+        for (; r < rows; r++) {  /* the block's weights stay in L1/L2 across rows */
             if (n0 + 4 <= n_out) q8_int8_row(xq + r * k, xd + r * nb, q, scale, bias, y + r * n_out, n0, k, 4);
             else for (int64_t n = n0; n < n_out; n++) q8_int8_row(xq + r * k, xd + r * nb, q, scale, bias, y + r * n_out, n, k, 1);
         }
@@ -534,7 +609,15 @@ int trtforge_gemv_int4_a8(const float *x, int64_t rows, const uint8_t *q, const 
 #pragma omp parallel for schedule(static) num_threads(threads)
     for (int64_t blk = 0; blk < blocks; blk++) {
         const int64_t n0 = blk * 4;
-        for (int64_t r = 0; r < rows; r++) {
+        int64_t r = 0;
+#ifdef __AVX2__
+        if (n0 + 4 <= n_out && group % (2 * QK) == 0)
+            for (; r + 2 <= rows; r += 2)
+                q8_int4_row2(a->q + r * k, a->d4 + r * nb * 4, a->corr + r * (nb + 1) * 4,
+                             a->q + (r + 1) * k, a->d4 + (r + 1) * nb * 4, a->corr + (r + 1) * (nb + 1) * 4,
+                             q, scale, bias, y + r * n_out, y + (r + 1) * n_out, n0, k, group);
+#endif
+        for (; r < rows; r++) {
             const int8_t *xq = a->q + r * k;
             const float *xd = a->d + r * nb, *xd4 = a->d4 + r * nb * 4;
             const int32_t *corr = a->corr + r * (nb + 1) * 4;

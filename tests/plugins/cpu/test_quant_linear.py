@@ -141,9 +141,10 @@ def test_activation_quantisation_is_the_reference_bit_for_bit():
 @pytest.mark.parametrize("scheme,group", A8_CASES)
 @pytest.mark.parametrize("bias", [True, False])
 def test_gemv_a8_is_the_integer_reference(scheme, group, bias):
-    """Every row count 1..32 (the 4-output blocks, the 1-3 left over, rows looped inside a block)."""
+    """Every row count 1..32 (the 4-output blocks, the 1-3 left over, rows looped inside a block, in
+    pairs and one left over), and prefill-sized counts (the kernel takes any number of rows)."""
     for k in _k_values(group):
-        for rows in range(1, 33):
+        for rows in [*range(1, 33), 70, 129]:
             x, q, s, b = _a8_case(scheme, group, rows, k, bias, seed=rows + k)
             want, m = ql.gemv_a8_reference(x, q, s, b, scheme, group)
             with torch.inference_mode():
@@ -223,3 +224,29 @@ def test_portable_scalar_a8_kernels(tmp_path, monkeypatch):
                 else:
                     assert lib.trtforge_gemv_int4_a8(*args, group, 2) == 0
                 assert (y.double() - want).abs().le(_a8_tolerance(m, k, group)).all(), (scheme, group, k, rows)
+
+
+@pytest.mark.parametrize("scheme,group", [("int8_wo", 0), ("int4_wo", 128), ("int4_wo", 32)])
+def test_quant_linear_takes_the_a8_kernel_for_prefill_too(scheme, group, monkeypatch):
+    """QuantLinear (builder/quant_linear.py) with more than GEMV_MAX_ROWS rows: the int8-activation
+    kernel (the integer reference) by default; with float activations the dequantise + GEMM path
+    (the float product on the dequantised weights)."""
+    from trtforge.builder.quant_linear import QuantLinear
+    from trtforge.plugins.cpu.linear import GEMV_MAX_ROWS
+
+    k, n, rows = 256, 18, GEMV_MAX_ROWS * 3 + 5
+    x, q, s, b = _a8_case(scheme, group, rows, k, True, seed=11)
+    lin = QuantLinear(k, n, True, scheme, group or 128)
+    lin.qweight.copy_(q), lin.scales.copy_(s)
+    with torch.no_grad():
+        lin.bias.copy_(b)
+    want, m = ql.gemv_a8_reference(x, q, s, b, scheme, group)
+    with torch.inference_mode():
+        got = lin(x.view(1, rows, k)).view(rows, n)
+    assert (got.double() - want).abs().le(_a8_tolerance(m, k, group)).all()
+    monkeypatch.setattr(ql, "INT8_ACTIVATIONS", False)
+    with torch.inference_mode():
+        got = lin(x)
+    exact, tol = _exact_and_tolerance(x, ql.dequantize(q, s, scheme, group), b)
+    assert (got.double() - exact).abs().le(tol).all()
+    assert (got.double() - want).abs().max() > 0  # the two paths really differ (activation rounding)
