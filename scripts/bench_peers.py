@@ -13,8 +13,13 @@ engines, then calls this, which
        - prefill tok/s at 128 and 512 prompt tokens (a new random prompt each time: no cache hit);
   3. measures output tok/s under load: the 64-request mixed workload of `trtforge bench offline`
      (prompts 32-512, outputs 32-256 tokens, EOS ignored) against `llama-server -np 16
-     --cont-batching` (16 requests in flight over HTTP, token-id prompts) and trtforge's offline
-     LLMEngine (all requests submitted at once, in-flight batching). ORT GenAI: not measured.
+     --cont-batching` (16 requests in flight over HTTP, token-id prompts), trtforge's offline
+     LLMEngine (all requests submitted at once, in-flight batching) and ORT GenAI's `og.Engine`
+     (all requests submitted at once; EOS masked with a per-turn minimum of exactly output_len
+     tokens). On the CPU that Engine only batches statically: continuous (dynamic) batching needs a
+     PagedAttention model, which the builder makes only for CUDA fp16/bf16 or WebGPU, so 0.18.0
+     admits a batch of 4 requests and runs it until its longest member finishes before admitting
+     the next 4 (the observed concurrency is reported as `max_requests_per_step`).
 
 Prefix caching is off everywhere (trtforge `enable_prefix_caching=False`; llama-server
 `--cache-ram 0` and `cache_prompt: false`; llama-bench and ORT GenAI do not reuse). Any peer that fails to convert, load
@@ -22,7 +27,7 @@ or run is reported as FAILED in the table and the JSON, and the script exits 1.
 
     python scripts/bench_peers.py --work DIR --llama-src SRC --llama-bin BIN --peers-python PY
                                   [--repeats 3] [--load-requests 64] [--json F] [--plot F]
-The helpers `_ort` and `_gguf` run under the peers' Python (they import no trtforge).
+The helpers `_ort`, `_ort_load` and `_gguf` run under the peers' Python (they import no trtforge).
 """
 
 from __future__ import annotations
@@ -33,6 +38,7 @@ import os
 import random
 import subprocess
 import sys
+import tempfile
 import time
 import traceback
 import urllib.request
@@ -275,6 +281,103 @@ def llama_load(bindir: Path, gguf: Path, n: int, vocab: int, port: int = 18931, 
             "slots": slots, "loadavg_1m": os.getloadavg()[0]}
 
 
+def ort_load(args, model_dir: Path, n: int, vocab: int, max_batch_size: int = 16) -> dict:
+    """ORT GenAI's Engine on the same workload, in the peers' Python; the workload (which needs
+    trtforge) is made here and handed over as JSON. max_batch_size: llama-server's slots, written
+    to `engine.static_batching`; 0.18.0 reports it but still batches 4 at a time on the CPU."""
+    reqs = workload(n, vocab)
+    with tempfile.TemporaryDirectory() as tmp:
+        spec = Path(tmp) / "workload.json"
+        spec.write_text(json.dumps({"prompts": [r.prompt_token_ids for r in reqs],
+                                    "output_lens": [r.output_len for r in reqs], "max_batch_size": max_batch_size}))
+        p = run([args.peers_python, __file__, "_ort_load", model_dir, spec], f"ORT GenAI Engine {model_dir.name}")
+    r = json.loads(p.stdout.strip().splitlines()[-1])
+    expected = [q.output_len for q in reqs]
+    if r["generated_per_request"] != expected:
+        bad = [(i, g, e) for i, (g, e) in enumerate(zip(r["generated_per_request"], expected)) if g != e]
+        raise PeerFailed(f"ORT GenAI Engine generated {sum(r['generated_per_request'])} tokens, expected "
+                         f"{sum(expected)} ((request, generated, expected): {bad[:8]})")
+    useful = sum(expected)
+    return {"name": "ort_genai_engine", "num_requests": n, "elapsed_s": r["elapsed_s"], "useful_output_tokens": useful,
+            "prompt_tokens": sum(q.prompt_len for q in reqs), "output_tokens_per_s": useful / r["elapsed_s"],
+            **{k: v for k, v in r.items() if k not in ("elapsed_s", "generated_per_request")},
+            "loadavg_1m": os.getloadavg()[0]}
+
+
+def _ort_load_main(model_dir: str, spec_path: str) -> None:
+    """(peers' Python) Submit every request to one og.Engine, then run it until all finish: greedy,
+    exactly output_len new tokens each (the turn's minimum masks EOS until then, its maximum stops
+    it there). Prints the elapsed seconds from the first Engine.run to the last, and per request
+    the TOKEN events counted (the parent checks them against the workload)."""
+    import numpy as np
+    import onnxruntime_genai as og
+
+    spec = json.loads(Path(spec_path).read_text())
+    prompts, output_lens = spec["prompts"], spec["output_lens"]
+    threads = json.loads((Path(model_dir) / "genai_config.json").read_text())["model"]["decoder"]["session_options"]
+    if threads.get("intra_op_num_threads") != THREADS:  # written by convert_ort, as for ort_batch1
+        raise PeerFailed(f"{model_dir}: intra_op_num_threads {threads.get('intra_op_num_threads')}, expected {THREADS}")
+    max_length = max(len(p) + o for p, o in zip(prompts, output_lens))  # the static cache's length per row
+    config = og.Config(model_dir)
+    config.overlay(json.dumps({"search": {"max_length": max_length},
+                               "engine": {"static_batching": {"max_batch_size": spec["max_batch_size"]}}}))
+    engine = og.Engine(og.Model(config))
+    buffer = engine.create_event_buffer(max(64, len(prompts)))
+
+    def submit(prompt: list[int], new_tokens: int):
+        request = engine.create_request()
+        turn = og.TurnOptions(request)
+        turn.set_do_sample(False)
+        turn.set_min_generated_tokens(new_tokens)
+        turn.set_max_generated_tokens(new_tokens)
+        request.begin_turn(np.array(prompt, dtype=np.int32), turn)
+        return request, turn  # the options object is kept alive with its request
+
+    def drain(requests: list) -> dict:
+        index = {id(r): i for i, (r, _) in enumerate(requests)}
+        tokens, finished, steps, widest, blocked = [0] * len(requests), {}, 0, 0, 0
+        t = time.perf_counter()
+        while engine.has_pending_requests():
+            step_requests = set()
+            for event in engine.run(buffer):
+                i = index[id(event.request)]
+                if event.flags & og.EngineEventFlags.FAILED:
+                    raise PeerFailed(f"ORT GenAI Engine: request {i} failed: {event.error_code}")
+                blocked += bool(event.flags & og.EngineEventFlags.CAPACITY_BLOCKED)
+                if event.flags & og.EngineEventFlags.TOKEN:
+                    tokens[i] += 1
+                    step_requests.add(i)
+                if event.flags & og.EngineEventFlags.TURN_FINISHED:
+                    finished[i] = (event.finish_reason, event.usage.prompt_tokens, event.usage.generated_tokens)
+            steps += 1
+            widest = max(widest, len(step_requests))
+        elapsed = time.perf_counter() - t
+        return {"elapsed_s": elapsed, "tokens": tokens, "finished": finished, "steps": steps, "widest": widest,
+                "blocked": blocked}
+
+    def check(out: dict, prompts_: list[list[int]], lens: list[int]) -> None:
+        for i, (prompt, new_tokens) in enumerate(zip(prompts_, lens)):
+            reason, prompt_tokens, generated = out["finished"].get(i, (None, None, None))
+            if (reason != og.FinishReason.MAX_GENERATED_TOKENS or generated != new_tokens
+                    or out["tokens"][i] != new_tokens or prompt_tokens != len(prompt)):
+                raise PeerFailed(f"ORT GenAI Engine request {i}: finish {reason}, {out['tokens'][i]} token events, "
+                                 f"usage {prompt_tokens} prompt + {generated} generated; expected {len(prompt)} + "
+                                 f"{new_tokens}")
+
+    warm = [submit(list(range(10, 42)), 4)]  # warm-up (the first run builds the session's kernels)
+    check(drain(warm), [list(range(10, 42))], [4])
+    requests = [submit(p, o) for p, o in zip(prompts, output_lens)]
+    out = drain(requests)
+    check(out, prompts, output_lens)
+    for r, _ in warm + requests:
+        r.close()
+    caps = engine.get_capabilities()
+    print(json.dumps({"elapsed_s": out["elapsed_s"], "generated_per_request": out["tokens"],
+                      "configured_max_batch_size": caps.configured_max_batch_size,
+                      "max_requests_per_step": out["widest"], "steps": out["steps"], "max_length": max_length,
+                      "capacity_blocked_events": out["blocked"], "batching": "static (CPU: no PagedAttention model)"}))
+
+
 # ---- report ---------------------------------------------------------------------------------------
 def attempt(report: dict, key: str, fn, *a, **kw):
     """Run one measurement; a failure is recorded (and printed) as FAILED, never skipped silently."""
@@ -338,6 +441,8 @@ def main() -> None:
         ap.add_argument("model"), ap.add_argument("--repeats", type=int), ap.add_argument("--decode-tokens", type=int)
         a = ap.parse_args(sys.argv[2:])
         return _ort_main(a.model, a.repeats, a.decode_tokens)
+    if len(sys.argv) > 1 and sys.argv[1] == "_ort_load":
+        return _ort_load_main(*sys.argv[2:4])
 
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--work", required=True)
@@ -383,7 +488,8 @@ def main() -> None:
                 args.load_requests, args.trt_load_max_batch)
         rows["llama.cpp"] = (attempt(report, f"llama-server {gguf_type} load", llama_load, bindir, gguf[gguf_type],
                                      args.load_requests, vocab) if gguf_type in gguf else None)
-        rows["ORT GenAI"] = ""  # not measured (see docs/benchmarks.md)
+        rows["ORT GenAI"] = (attempt(report, f"ORT GenAI {prec} load", ort_load, args, ort[prec], args.load_requests,
+                                     vocab) if ort[prec] else None)
 
     report["uptime_end"] = subprocess.run(["uptime"], capture_output=True, text=True).stdout.strip()
     report["loadavg_end"] = os.getloadavg()[0]
