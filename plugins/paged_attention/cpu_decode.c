@@ -176,20 +176,24 @@ ALWAYS_INLINE int attend_all(const float *q, int64_t q_stride, const void *key_p
                              const float *key_scales, const float *value_scales, const int32_t *block_tables,
                              int64_t table_width, const int32_t *seq_lens, float *out, int64_t num_seqs,
                              int64_t num_heads, int64_t num_kv_heads, int64_t head_dim, int64_t block_size,
-                             float scale, int I8) {
+                             float scale, int I8, int64_t threads) {
     const int64_t group = num_heads / num_kv_heads, row = num_kv_heads * head_dim;
     const int64_t elem = I8 ? (int64_t)sizeof(int8_t) : (int64_t)sizeof(float);
-    for (int64_t b = 0; b < num_seqs; b++) {
-        const int64_t len = seq_lens[b];
+    int failed = 0;
+    /* (sequence, KV head) pairs over the OpenMP threads (torch's pool: same libgomp); dynamic, as
+     * context lengths differ. Each thread has its own score buffer (thread-local). */
+    const int64_t work = num_seqs * num_kv_heads;
+#pragma omp parallel for schedule(dynamic, 1) num_threads(threads) reduction(|| : failed)
+    for (int64_t bh = 0; bh < work; bh++) {
+        const int64_t b = bh / num_kv_heads, h = bh % num_kv_heads, len = seq_lens[b];
         float *s = scores_buffer((size_t)(group * len));
-        if (!s) return -1;
-        for (int64_t h = 0; h < num_kv_heads; h++)
-            attend(q + b * q_stride + h * group * head_dim, (const char *)key_pool + h * head_dim * elem,
-                   (const char *)value_pool + h * head_dim * elem, I8 ? key_scales + h : NULL,
-                   I8 ? value_scales + h : NULL, block_tables + b * table_width, len, block_size, row,
-                   num_kv_heads, group, head_dim, scale, s, out + (b * num_heads + h * group) * head_dim, I8);
+        if (!s) { failed = 1; continue; }
+        attend(q + b * q_stride + h * group * head_dim, (const char *)key_pool + h * head_dim * elem,
+               (const char *)value_pool + h * head_dim * elem, I8 ? key_scales + h : NULL,
+               I8 ? value_scales + h : NULL, block_tables + b * table_width, len, block_size, row,
+               num_kv_heads, group, head_dim, scale, s, out + (b * num_heads + h * group) * head_dim, I8);
     }
-    return 0;
+    return failed ? -1 : 0;
 }
 
 static int inputs_ok(int64_t num_blocks, int64_t block_size, const int64_t *slot_mapping,
@@ -212,7 +216,7 @@ int trtforge_decode_attention(const float *q, int64_t q_stride, const float *k, 
                               const int32_t *block_tables, int64_t table_width,
                               const int32_t *seq_lens, float *out, int64_t num_seqs,
                               int64_t num_heads, int64_t num_kv_heads, int64_t head_dim,
-                              float scale) {
+                              float scale, int64_t threads) {
     const int64_t row = num_kv_heads * head_dim; /* floats per slot */
     const int64_t num_slots = num_blocks * block_size;
     float *key_pool = pool, *value_pool = pool + num_slots * row;
@@ -223,7 +227,7 @@ int trtforge_decode_attention(const float *q, int64_t q_stride, const float *k, 
         memcpy(value_pool + slot_mapping[b] * row, v + b * v_stride, row * sizeof(float));
     }
     return attend_all(q, q_stride, key_pool, value_pool, NULL, NULL, block_tables, table_width, seq_lens,
-                      out, num_seqs, num_heads, num_kv_heads, head_dim, block_size, scale, 0);
+                      out, num_seqs, num_heads, num_kv_heads, head_dim, block_size, scale, 0, threads);
 }
 
 /* ---- int8 KV --------------------------------------------------------------------------------- */
@@ -250,7 +254,7 @@ int trtforge_decode_attention_int8(const float *q, int64_t q_stride, const float
                                    const int32_t *block_tables, int64_t table_width,
                                    const int32_t *seq_lens, float *out, int64_t num_seqs,
                                    int64_t num_heads, int64_t num_kv_heads, int64_t head_dim,
-                                   float scale) {
+                                   float scale, int64_t threads) {
     const int64_t row = num_kv_heads * head_dim; /* int8 values per slot */
     const int64_t num_slots = num_blocks * block_size;
     int8_t *key_pool = pool, *value_pool = pool + num_slots * row;
@@ -267,5 +271,5 @@ int trtforge_decode_attention_int8(const float *q, int64_t q_stride, const float
         }
     }
     return attend_all(q, q_stride, key_pool, value_pool, key_scales, value_scales, block_tables, table_width,
-                      seq_lens, out, num_seqs, num_heads, num_kv_heads, head_dim, block_size, scale, 1);
+                      seq_lens, out, num_seqs, num_heads, num_kv_heads, head_dim, block_size, scale, 1, threads);
 }

@@ -13,7 +13,8 @@ argument tuples built once:
           → add+RMSNorm → gate_up GEMV → SiLU·mul → down GEMV → final add+RMSNorm → head GEMV
 
 Like `CudaGraphRunner`, the executor asks `can_run` per step and falls back to the network for
-everything else (prefill chunks, mixed steps, more than `GEMV_MAX_ROWS` tokens, long contexts). Only
+everything else (prefill chunks, mixed steps, more than `GEMV_MAX_ROWS` tokens — `A8_MAX_ROWS` for an
+engine whose linears are all int8-activation kernels — and long contexts). Only
 Llama-style networks qualify (RMSNorm, gated SiLU MLP, RoPE, no q/k norm); others keep the network
 path. Results equal the network's up to float32 rounding (tests/serving/worker/test_cpu_decode_plan.py).
 Weight-only quantized engines run the same plan with the quantized GEMV (plugins/cpu/quant_linear.c)
@@ -59,12 +60,17 @@ def _quant_gemv(lin: QuantLinear, x: int, t: int, y: int) -> tuple:
     return (fn, *args) if lin.scheme == "int8_wo" else (fn, *args, lin.group)
 
 
+A8_MAX_ROWS = 256
+"""A quantized engine's plan takes decode batches up to this size (its int8-activation kernels are
+the fastest path at any row count; the module path would add ~15 ms a step and gather the KV for SDPA)."""
+
+
 def _failed(kind: str) -> None:
     raise MemoryError(f"CPU decode plan: the quantised {kind} GEMV could not allocate its int8 activation rows")
 
 
 class CpuDecodePlan:
-    """Pure-decode steps of up to GEMV_MAX_ROWS tokens of a float32 Llama-style network on CPU."""
+    """Pure-decode steps of up to `max_rows` tokens of a float32 Llama-style network on CPU."""
 
     def __init__(self, network: Any, kv_caches: list[torch.Tensor], libs: tuple[Any, Any, Any],
                  kv_scales: list[torch.Tensor] | None = None):
@@ -72,6 +78,14 @@ class CpuDecodePlan:
         self.fused, self.linear, self.attention = libs
         self.cfg = network.cfg
         self._prepared: dict[int, tuple[dict[str, torch.Tensor], list[tuple], tuple]] = {}
+        self._buffers: dict[str, torch.Tensor] = {}  # [rows, width] each; a step of t tokens uses rows :t
+        linears = [network.head_linear] + [m for layer in network.layers for m in (
+            layer.attn.qkv, layer.attn.o_proj, layer.mlp.gate_up, layer.mlp.down)]
+        all_a8 = all(isinstance(m, QuantLinear) and cpu_quant.a8_ok(m.in_features, m.scheme, m.group)
+                     for m in linears)
+        self.max_rows = A8_MAX_ROWS if all_a8 else GEMV_MAX_ROWS
+        """Most tokens a step may have: the float GEMVs' limit, or A8_MAX_ROWS where every linear is
+        an int8-activation kernel (which takes any number of rows)."""
 
     @classmethod
     def build(cls, network: Any, kv_caches: list[torch.Tensor],
@@ -101,10 +115,10 @@ class CpuDecodePlan:
         return cls(network, kv_caches, libs, kv_scales) if all(lib is not None for lib in libs) else None
 
     def can_run(self, inputs: ModelInputs) -> bool:
-        """Pure decode (one token per sequence, each samples, in order) of at most GEMV_MAX_ROWS
+        """Pure decode (one token per sequence, each samples, in order) of at most `max_rows`
         tokens whose contexts the C attention takes. (`run` is always inference: no autograd.)"""
         t, m = inputs.num_tokens, inputs.meta
-        return (t <= GEMV_MAX_ROWS and t == m.num_seqs == len(inputs.sample_seq_ids)
+        return (t <= self.max_rows and t == m.num_seqs == len(inputs.sample_seq_ids)
                 and m.max_query_len == 1 and m.max_seq_len * t <= cpu_native.MAX_CONTEXT_TOKENS
                 and m.slot_mapping.dtype == torch.int64 and m.block_tables.dtype == torch.int32
                 and m.seq_lens.dtype == torch.int32 and m.block_tables.is_contiguous()
@@ -120,7 +134,11 @@ class CpuDecodePlan:
         shapes = {"x": c.hidden_size, "residual": c.hidden_size, "h": c.hidden_size, "o": c.hidden_size,
                   "qkv": qkv_width, "attn": c.num_heads * c.head_dim, "gate_up": 2 * c.intermediate_size,
                   "act": c.intermediate_size}
-        buf = {name: torch.empty(t, width) for name, width in shapes.items()}
+        if not self._buffers or self._buffers["x"].shape[0] < t:  # grow: every prepared pointer is stale
+            rows = min(self.max_rows, -(-t // 16) * 16)
+            self._buffers = {name: torch.empty(rows, width) for name, width in shapes.items()}
+            self._prepared.clear()
+        buf = {name: b[:t] for name, b in self._buffers.items()}  # leading rows: contiguous
         p = {name: b.data_ptr() for name, b in buf.items()}
         eps = ctypes.c_float(c.norm_eps)
 
@@ -167,7 +185,7 @@ class CpuDecodePlan:
         rope = (qkv, cos.data_ptr(), sin.data_ptr(), t, hq + hkv, row, d)
         _, num_blocks, block_size, _, _ = self.kv_caches[0].shape
         attention = (m.slot_mapping.data_ptr(), m.block_tables.data_ptr(), m.block_tables.shape[1],
-                     m.seq_lens.data_ptr(), buf["attn"].data_ptr(), t, hq, hkv, d, d ** -0.5)
+                     m.seq_lens.data_ptr(), buf["attn"].data_ptr(), t, hq, hkv, d, d ** -0.5, threads)
         k, v = qkv + 4 * hq * d, qkv + 4 * (hq + hkv) * d  # byte offsets of the k and v heads
         rope_fn = self.fused.trtforge_rope
         if self.kv_scales is None:

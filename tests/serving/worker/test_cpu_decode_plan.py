@@ -29,6 +29,33 @@ def _engine(tmp_path, variant: str, quantization: str = "none") -> LLMEngine:
     ("qwen2-gqa-bias-tied", "int8_wo"), ("llama-gqa-llama3rope", "int4_wo")])  # quantized: the plan's quantized GEMV
 def test_plan_matches_the_network(tmp_path, monkeypatch, variant, quantization):
     engine = _engine(tmp_path, variant, quantization)
+    seen = _compare_plan_with_network(engine, monkeypatch)
+    prompts = [[5, 9, 13, 200, 7], list(range(20, 57)), [3] * 16]
+    engine.generate(prompts[:1], SamplingParams(max_tokens=5, ignore_eos=True))
+    engine.generate(prompts, SamplingParams(max_tokens=5, ignore_eos=True))
+    assert seen.count(1) >= 4 and seen.count(3) >= 4, seen
+
+
+@pytest.mark.parametrize("variant,quantization", [("qwen2-gqa-bias-tied", "int8_wo"),
+                                                  ("llama-gqa-llama3rope", "int4_wo")])
+def test_quantized_plan_takes_big_decode_batches(tmp_path, monkeypatch, variant, quantization):
+    """All linears int8-activation kernels: decode batches past GEMV_MAX_ROWS run the plan too (its
+    buffers grow, earlier batch sizes' calls are rebuilt), still equal to the network."""
+    from trtforge.serving.worker.cpu_decode_plan import A8_MAX_ROWS
+
+    engine = _engine(tmp_path, variant, quantization)
+    assert engine.executor.cpu_plan.max_rows == A8_MAX_ROWS
+    seen = _compare_plan_with_network(engine, monkeypatch)
+    engine.generate([[5, 9, 13]], SamplingParams(max_tokens=3, ignore_eos=True))
+    many = [[7 + i, 8, 9] for i in range(GEMV_MAX_ROWS + 9)]
+    engine.generate(many, SamplingParams(max_tokens=3, ignore_eos=True))
+    engine.generate([[5, 9, 13]] * 2, SamplingParams(max_tokens=3, ignore_eos=True))
+    assert 1 in seen and len(many) in seen and 2 in seen, seen
+
+
+def _compare_plan_with_network(engine, monkeypatch) -> list[int]:
+    """Make every step the plan takes run the network too, on the same KV, and compare; returns the
+    list of token counts the plan ran (filled as the engine steps)."""
     ex = engine.executor
     assert ex.cpu_plan is not None, "a float32 Llama-style CPU engine gets a decode plan"
     seen, real = [], ex.execute
@@ -51,15 +78,13 @@ def test_plan_matches_the_network(tmp_path, monkeypatch, variant, quantization):
         return planned
 
     monkeypatch.setattr(ex, "execute", both)
-    prompts = [[5, 9, 13, 200, 7], list(range(20, 57)), [3] * 16]
-    engine.generate(prompts[:1], SamplingParams(max_tokens=5, ignore_eos=True))
-    engine.generate(prompts, SamplingParams(max_tokens=5, ignore_eos=True))
-    assert seen.count(1) >= 4 and seen.count(3) >= 4, seen
+    return seen
 
 
 def test_plan_stands_aside(tmp_path):
     engine = _engine(tmp_path, "qwen2-gqa-bias-tied")
     plan, seen = engine.executor.cpu_plan, []
+    assert plan.max_rows == GEMV_MAX_ROWS  # float32: the C GEMV's limit
     real = plan.can_run
     plan.can_run = lambda inputs: seen.append((inputs.num_tokens, real(inputs))) or seen[-1][1]
     many = [[7 + i, 8, 9] for i in range(GEMV_MAX_ROWS + 1)]
