@@ -288,8 +288,9 @@ static float quant_block(const float *x, int8_t *out) {
 }
 
 /* Quantise `rows` rows of x [rows, k]; int4: permuted layout, lane scales and corrections. */
-static void quantize_rows(const float *x, int64_t rows, int64_t k, int int4, act_buf *a) {
+static void quantize_rows(const float *x, int64_t rows, int64_t k, int int4, act_buf *a, int64_t threads) {
     const int64_t nb = k / QK;
+#pragma omp parallel for schedule(static) num_threads(threads) if (rows >= 8)
     for (int64_t r = 0; r < rows; r++) {
         int8_t *q = a->q + r * k;
         float *d = a->d + r * nb, *d4 = a->d4 + r * nb * 4;
@@ -574,28 +575,69 @@ static inline void q8_int4_row(const int8_t *xq, const float *xd, const float *x
 #endif
 
 /* y = x W^T + b with x quantised per block to int8; returns -1 when the scratch cannot be allocated. */
+/* Rows of x per tile: a tile's quantised rows (x_tile_bytes of int8) stay in L2 while every weight
+ * block passes over them. Without tiles a long prefill chunk re-read all of x from L3/DRAM for
+ * every block of four weight rows (2048 rows x 4864 inputs = 10 MB per block). */
+#ifndef X_TILE_BYTES
+#define X_TILE_BYTES (128 * 1024)
+#endif
+
+static inline int64_t row_tile(int64_t k) {
+    const int64_t t = (X_TILE_BYTES / k) & ~(int64_t)1;  /* even: the two-row kernels */
+    return t < 2 ? 2 : t;
+}
+
+static inline void int8_a8_block(const act_buf *a, int64_t r0, int64_t r1, const int8_t *q, const float *scale,
+                                 const float *bias, float *y, int64_t n0, int64_t n_out, int64_t k) {
+    const int8_t *xq = a->q;
+    const float *xd = a->d;
+    const int64_t nb = k / QK;
+    int64_t r = r0;
+#ifdef __AVX2__
+    if (n0 + 4 <= n_out)
+        for (; r + 2 <= r1; r += 2)
+            q8_int8_row2(xq + r * k, xd + r * nb, xq + (r + 1) * k, xd + (r + 1) * nb, q, scale, bias,
+                         y + r * n_out, y + (r + 1) * n_out, n0, k);
+#endif
+    for (; r < r1; r++) {  /* the block's weights stay in L1/L2 across rows */
+        if (n0 + 4 <= n_out) q8_int8_row(xq + r * k, xd + r * nb, q, scale, bias, y + r * n_out, n0, k, 4);
+        else for (int64_t n = n0; n < n_out; n++) q8_int8_row(xq + r * k, xd + r * nb, q, scale, bias, y + r * n_out, n, k, 1);
+    }
+}
+
+static inline void int4_a8_block(const act_buf *a, int64_t r0, int64_t r1, const uint8_t *q, const float *scale,
+                                 const float *bias, float *y, int64_t n0, int64_t n_out, int64_t k, int64_t group) {
+    const int64_t nb = k / QK;
+    int64_t r = r0;
+#ifdef __AVX2__
+    if (n0 + 4 <= n_out && group % (2 * QK) == 0)
+        for (; r + 2 <= r1; r += 2)
+            q8_int4_row2(a->q + r * k, a->d4 + r * nb * 4, a->corr + r * (nb + 1) * 4,
+                         a->q + (r + 1) * k, a->d4 + (r + 1) * nb * 4, a->corr + (r + 1) * (nb + 1) * 4,
+                         q, scale, bias, y + r * n_out, y + (r + 1) * n_out, n0, k, group);
+#endif
+    for (; r < r1; r++) {
+        const int8_t *xq = a->q + r * k;
+        const float *xd = a->d + r * nb, *xd4 = a->d4 + r * nb * 4;
+        const int32_t *corr = a->corr + r * (nb + 1) * 4;
+        if (n0 + 4 <= n_out) q8_int4_row(xq, xd, xd4, corr, q, scale, bias, y + r * n_out, n0, k, group, 4);
+        else for (int64_t n = n0; n < n_out; n++) q8_int4_row(xq, xd, xd4, corr, q, scale, bias, y + r * n_out, n, k, group, 1);
+    }
+}
+
+/* y = x W^T + b with x quantised per block to int8; returns -1 when the scratch cannot be allocated.
+ * Any number of rows: tiles of row_tile(k) rows, each tile's weight blocks split over the threads. */
 int trtforge_gemv_int8_a8(const float *x, int64_t rows, const int8_t *q, const float *scale, const float *bias,
                           float *y, int64_t n_out, int64_t k, int64_t threads) {
     act_buf *a = &tls_act;
     if (act_reserve(a, rows, k)) return -1;
-    quantize_rows(x, rows, k, 0, a);
-    const int8_t *xq = a->q;
-    const float *xd = a->d;
-    const int64_t blocks = (n_out + 3) / 4, nb = k / QK;
-#pragma omp parallel for schedule(static) num_threads(threads)
-    for (int64_t blk = 0; blk < blocks; blk++) {
-        const int64_t n0 = blk * 4;
-        int64_t r = 0;
-#ifdef __AVX2__
-        if (n0 + 4 <= n_out)
-            for (; r + 2 <= rows; r += 2)
-                q8_int8_row2(xq + r * k, xd + r * nb, xq + (r + 1) * k, xd + (r + 1) * nb, q, scale, bias,
-                             y + r * n_out, y + (r + 1) * n_out, n0, k);
-#endif
-        for (; r < rows; r++) {  /* the block's weights stay in L1/L2 across rows */
-            if (n0 + 4 <= n_out) q8_int8_row(xq + r * k, xd + r * nb, q, scale, bias, y + r * n_out, n0, k, 4);
-            else for (int64_t n = n0; n < n_out; n++) q8_int8_row(xq + r * k, xd + r * nb, q, scale, bias, y + r * n_out, n, k, 1);
-        }
+    quantize_rows(x, rows, k, 0, a, threads);
+    const int64_t blocks = (n_out + 3) / 4, tile = row_tile(k);
+#pragma omp parallel num_threads(threads)
+    for (int64_t r0 = 0; r0 < rows; r0 += tile) {
+        const int64_t r1 = r0 + tile < rows ? r0 + tile : rows;
+#pragma omp for schedule(static)
+        for (int64_t blk = 0; blk < blocks; blk++) int8_a8_block(a, r0, r1, q, scale, bias, y, blk * 4, n_out, k);
     }
     return 0;
 }
@@ -604,26 +646,13 @@ int trtforge_gemv_int4_a8(const float *x, int64_t rows, const uint8_t *q, const 
                           float *y, int64_t n_out, int64_t k, int64_t group, int64_t threads) {
     act_buf *a = &tls_act;
     if (act_reserve(a, rows, k)) return -1;
-    quantize_rows(x, rows, k, 1, a);
-    const int64_t blocks = (n_out + 3) / 4, nb = k / QK;
-#pragma omp parallel for schedule(static) num_threads(threads)
-    for (int64_t blk = 0; blk < blocks; blk++) {
-        const int64_t n0 = blk * 4;
-        int64_t r = 0;
-#ifdef __AVX2__
-        if (n0 + 4 <= n_out && group % (2 * QK) == 0)
-            for (; r + 2 <= rows; r += 2)
-                q8_int4_row2(a->q + r * k, a->d4 + r * nb * 4, a->corr + r * (nb + 1) * 4,
-                             a->q + (r + 1) * k, a->d4 + (r + 1) * nb * 4, a->corr + (r + 1) * (nb + 1) * 4,
-                             q, scale, bias, y + r * n_out, y + (r + 1) * n_out, n0, k, group);
-#endif
-        for (; r < rows; r++) {
-            const int8_t *xq = a->q + r * k;
-            const float *xd = a->d + r * nb, *xd4 = a->d4 + r * nb * 4;
-            const int32_t *corr = a->corr + r * (nb + 1) * 4;
-            if (n0 + 4 <= n_out) q8_int4_row(xq, xd, xd4, corr, q, scale, bias, y + r * n_out, n0, k, group, 4);
-            else for (int64_t n = n0; n < n_out; n++) q8_int4_row(xq, xd, xd4, corr, q, scale, bias, y + r * n_out, n, k, group, 1);
-        }
+    quantize_rows(x, rows, k, 1, a, threads);
+    const int64_t blocks = (n_out + 3) / 4, tile = row_tile(k);
+#pragma omp parallel num_threads(threads)
+    for (int64_t r0 = 0; r0 < rows; r0 += tile) {
+        const int64_t r1 = r0 + tile < rows ? r0 + tile : rows;
+#pragma omp for schedule(static)
+        for (int64_t blk = 0; blk < blocks; blk++) int4_a8_block(a, r0, r1, q, scale, bias, y, blk * 4, n_out, k, group);
     }
     return 0;
 }
