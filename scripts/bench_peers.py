@@ -219,7 +219,7 @@ def workload(n: int, vocab: int):
     return make_workload(n, (c.prompt_len_min, c.prompt_len_max), (c.output_len_min, c.output_len_max), vocab, c.seed)
 
 
-def trt_load(engine_dir: Path, n: int, max_batch_size: int | None) -> dict:
+def trt_load(engine_dir: Path, n: int, max_batch_size: int | None, kv_cache_memory: str = "384MiB") -> dict:
     import torch
 
     from trtforge.serving.bench.offline import run_inflight
@@ -228,11 +228,14 @@ def trt_load(engine_dir: Path, n: int, max_batch_size: int | None) -> dict:
 
     torch.set_num_threads(THREADS)
     extra = {"max_batch_size": max_batch_size} if max_batch_size else {}
-    engine = LLMEngine.from_engine_dir(engine_dir, kv_cache_memory="384MiB", enable_prefix_caching=False, **extra)
+    engine = LLMEngine.from_engine_dir(engine_dir, kv_cache_memory=kv_cache_memory, enable_prefix_caching=False,
+                                       **extra)
     reqs = workload(n, engine.engine_config.model.vocab_size)
     engine.generate([list(range(10, 42))], SamplingParams(max_tokens=4))  # warm-up
     r = run_inflight(engine, reqs, "trtforge_inflight").to_dict()
     r["max_batch_size"] = engine.scheduler_config.max_batch_size
+    r["kv_cache_memory"], r["kv_slots"] = kv_cache_memory, engine.scheduler_config.num_blocks * engine.engine_config.block_size
+    r["kv_cache_dtype"] = engine.engine_config.kv_cache_dtype
     r["loadavg_1m"] = os.getloadavg()[0]
     return r
 
@@ -405,6 +408,9 @@ def markdown(report: dict) -> str:
             load = load.get("output_tokens_per_s") if isinstance(load, dict) else (None if load is None else "")
             lines.append(f"| {prec} | {eng} | {fmt(r and r['decode_tok_s'])} | {fmt(r and r['prefill_tok_s'][128])} | "
                          f"{fmt(r and r['prefill_tok_s'][512])} | {fmt(load)} |")
+        for eng, r in report["load"].get(prec, {}).items():  # load-only variants (max batch, int8 KV)
+            if eng not in rows:
+                lines.append(f"| {prec} | {eng} | | | | {fmt(r.get('output_tokens_per_s') if isinstance(r, dict) else r)} |")
     return "\n".join(lines)
 
 
@@ -455,6 +461,9 @@ def main() -> None:
     ap.add_argument("--load-precisions", default="int8,int4", help="comma-separated, of fp32,int8,int4 ('' : none)")
     ap.add_argument("--trt-load-max-batch", type=int, default=None,
                     help="also run trtforge under load with this max_batch_size (e.g. 16, llama-server's slots)")
+    ap.add_argument("--trt-load-int8-kv", metavar="MEMORY", default=None,
+                    help="also run trtforge under load with an int8 KV cache of this size (engines WORK/trt_<scheme>_kv8, "
+                         "built by bench_peers.sh), e.g. 192MiB = llama-server's f16 cache of 16 x 1024 slots")
     ap.add_argument("--json")
     ap.add_argument("--plot")
     args = ap.parse_args()
@@ -486,6 +495,10 @@ def main() -> None:
             rows[f"trtforge max_batch {args.trt_load_max_batch}"] = attempt(
                 report, f"trtforge {prec} load, max batch {args.trt_load_max_batch}", trt_load, work / trt_dir,
                 args.load_requests, args.trt_load_max_batch)
+        if args.trt_load_int8_kv:
+            rows[f"trtforge int8 KV {args.trt_load_int8_kv}"] = attempt(
+                report, f"trtforge {prec} load, int8 KV {args.trt_load_int8_kv}", trt_load, work / f"{trt_dir}_kv8",
+                args.load_requests, None, args.trt_load_int8_kv)
         rows["llama.cpp"] = (attempt(report, f"llama-server {gguf_type} load", llama_load, bindir, gguf[gguf_type],
                                      args.load_requests, vocab) if gguf_type in gguf else None)
         rows["ORT GenAI"] = (attempt(report, f"ORT GenAI {prec} load", ort_load, args, ort[prec], args.load_requests,

@@ -51,6 +51,12 @@ for q in none int8_wo int4_wo; do
       --max-seq-len 4096 --max-batch-size 64 --max-num-tokens 2048 --kv-cache-memory 384MiB --quantization "$q" -q
 done
 
+for q in int8_wo int4_wo; do  # int8 KV twins for --trt-load-int8-kv
+  [ -f "$WORK/trt_${q}_kv8/engine.json" ] || "$PY" -m trtforge.builder.cli "$WORK/ckpt" -o "$WORK/trt_${q}_kv8" --dtype float32 \
+      --max-seq-len 4096 --max-batch-size 64 --max-num-tokens 2048 --kv-cache-memory 192MiB --quantization "$q" \
+      --kv-cache-dtype int8 -q
+done
+
 uptime  # the CPU may be shared: the report records the load at every measurement too
 exec "$PY" scripts/bench_peers.py --work "$WORK" --llama-src "$LLAMA_SRC" --llama-bin "$LLAMA_BUILD/bin" \
     --peers-python "$PEERS_PY" --json "$WORK/peers.json" --plot docs/img/peers.png "$@"

@@ -1,0 +1,64 @@
+"""Quantized linear layers at every row count: the int8-activation kernel (what QuantLinear runs on
+CPU) against dequantise + oneDNN (the float-activation path past 32 rows) and oneDNN float32 on the
+same (dequantised) weights. Shapes: Qwen2.5-0.5B's four decoder linears (qkv, o_proj, gate_up, down),
+summed; each number the best of --repeats runs; 2 threads by default. Not run in CI.
+
+    python scripts/bench_quant_gemm.py [--rows 16,32,64,128,512,2048] [--threads 2] [--repeats 5]
+"""
+
+from __future__ import annotations
+
+import argparse
+import time
+
+import torch
+
+from trtforge.plugins.cpu import quant_linear as ql
+from trtforge.plugins.cpu.linear import onednn_linear
+
+SHAPES = [(1152, 896), (896, 896), (9728, 896), (896, 4864)]  # (out, in): qkv, o_proj, gate_up, down
+
+
+def best(fn, repeats: int) -> float:
+    fn()
+    times = []
+    for _ in range(repeats):
+        t = time.perf_counter()
+        fn()
+        times.append(time.perf_counter() - t)
+    return min(times)
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--rows", default="16,32,64,128,512,2048")
+    ap.add_argument("--threads", type=int, default=2)
+    ap.add_argument("--repeats", type=int, default=5)
+    args = ap.parse_args()
+    torch.set_num_threads(args.threads)
+    if ql.library() is None:
+        raise SystemExit("the quantized kernels could not be built here")
+    torch.manual_seed(0)
+    print(f"{'scheme':8s} {'rows':>5s} {'oneDNN f32 ms':>14s} {'deq+oneDNN ms':>14s} {'int8-act ms':>12s} "
+          f"{'GFLOP/s':>8s} {'vs f32':>7s} {'vs deq':>7s}")
+    for scheme, group in (("int8_wo", 0), ("int4_wo", 128)):
+        weights = []
+        for n, k in SHAPES:
+            q, s = ql.quantize(torch.randn(n, k) * 0.02, scheme, group)
+            weights.append((q, s, ql.dequantize(q, s, scheme, group), torch.empty(n, k)))
+        for rows in map(int, args.rows.split(",")):
+            t = {"f32": 0.0, "deq": 0.0, "a8": 0.0}
+            with torch.inference_mode():
+                for (n, k), (q, s, wd, scratch) in zip(SHAPES, weights):
+                    x = torch.randn(rows, k)
+                    t["f32"] += best(lambda: onednn_linear(x, wd, None), args.repeats)
+                    t["deq"] += best(lambda: onednn_linear(x, ql.dequantize_into(scratch, q, s, scheme, group), None),
+                                     args.repeats)
+                    t["a8"] += best(lambda: ql.gemv(x, q, s, None, scheme, group, "int8"), args.repeats)
+            flop = 2 * rows * sum(n * k for n, k in SHAPES)
+            print(f"{scheme:8s} {rows:5d} {1e3 * t['f32']:14.1f} {1e3 * t['deq']:14.1f} {1e3 * t['a8']:12.1f} "
+                  f"{flop / t['a8'] / 1e9:8.0f} {t['f32'] / t['a8']:6.2f}x {t['deq'] / t['a8']:6.2f}x", flush=True)
+
+
+if __name__ == "__main__":
+    main()
