@@ -106,10 +106,11 @@ def _quantization(build: BuildConfig, model: ModelConfig) -> dict[str, Any] | No
         return None
     from .quant_linear import QUANTIZED_LAYERS, quantized_in_features
 
-    build.check_quantization_shapes(quantized_in_features(model))
+    build.check_quantization_shapes(quantized_in_features(model), model.hidden_size)
+    head = build.lm_head_quantization if build.quantize_lm_head else None
     return {"scheme": build.quantization, "group_size": build.group_size if build.quantization == "int4_wo" else None,
             "layers": [p for p in QUANTIZED_LAYERS if p in quantized_in_features(model)], "scales_dtype": "float32",
-            "lm_head": "int8_wo" if build.quantize_lm_head else None,
+            "lm_head": head, "lm_head_group_size": build.group_size if head == "int4_wo" else None,
             "method": "symmetric round-to-nearest, weight-only"}
 
 

@@ -105,9 +105,10 @@ def _quantized_layout(item: Item, quant: dict[str, Any]) -> list[tuple[str, torc
             (f"{prefix}.scales", torch.float32, (n, k // quant["group_size"]))]
 
 
-def _head_layout(item: Item, scheme: str) -> list[tuple[str, torch.dtype, tuple[int, ...]]]:
-    """The quantized LM head (builder/quant_linear.py): int8 per vocabulary row."""
-    return _quantized_layout(Item("head_linear.weight", item.sources, item.combine, item.shape), {"scheme": scheme})
+def _head_layout(item: Item, quant: dict[str, Any]) -> list[tuple[str, torch.dtype, tuple[int, ...]]]:
+    """The quantized LM head (builder/quant_linear.py): int8 per vocabulary row, or int4 per group."""
+    return _quantized_layout(Item("head_linear.weight", item.sources, item.combine, item.shape),
+                             {"scheme": quant["lm_head"], "group_size": quant.get("lm_head_group_size")})
 
 
 def _layout(items: list[Item], dtype: torch.dtype, quant: dict[str, Any] | None,
@@ -115,7 +116,7 @@ def _layout(items: list[Item], dtype: torch.dtype, quant: dict[str, Any] | None,
     layout = []
     for i in items:
         if i.ours == head:
-            layout += _head_layout(i, quant["lm_head"])  # type: ignore[index]
+            layout += _head_layout(i, quant)  # type: ignore[arg-type]
         elif quant and is_quantized_weight(i.ours):
             layout += _quantized_layout(i, quant)
         else:
@@ -152,8 +153,9 @@ def convert(cfg: ModelConfig, spec: ArchSpec, reader: TensorReader, hf_config: A
         for item in tqdm(items, desc="converting", unit="tensor", disable=not progress):
             tensor = _combine(item, [reader.get(s) for s in item.sources])
             params += tensor.numel()
-            if item.ours == head:  # the LM head (a tied one: the embedding table), int8 per row
-                parts = zip(("qweight", "scales"), quantize(tensor, quant["lm_head"], 0))  # type: ignore[index]
+            if item.ours == head:  # the LM head (a tied one: the embedding table), int8 per row or int4 per group
+                parts = zip(("qweight", "scales"), quantize(tensor, quant["lm_head"],  # type: ignore[index]
+                                                            quant.get("lm_head_group_size") or 0))  # type: ignore[union-attr]
                 outputs = [(f"head_linear.{name}", t) for name, t in parts]
             elif quant and is_quantized_weight(item.ours):
                 parts = zip(("qweight", "scales"), quantize(tensor, quant["scheme"], quant.get("group_size") or 0))

@@ -2,7 +2,7 @@
 
 Which layers: the ones the network fuses — attention's qkv and o_proj, the MLP's gate_up (or up) and
 down — and, unless built with --no-quantize-lm-head, the LM head: int8 with one scale per vocabulary
-row whatever the scheme (the head's error reaches the logits unmixed, so it gets the finer step;
+row whatever the scheme (or int4 per group: --lm-head-quantization int4_wo) (the head's error reaches the logits unmixed, so it gets the finer step;
 for a 0.5B model with a 151936-row tied head the float32 head was 60-74 % of a quantized decode
 step's bytes). It is the network's `head_linear`, stored as `head_linear.qweight`/`.scales`. A tied
 head is the embedding table: `QuantEmbedding` then looks tokens up in the same int8 rows and
@@ -96,8 +96,9 @@ class QuantLinear(nn.Module):
 
 
 class QuantEmbedding(nn.Module):
-    """Token embeddings read from a quantized tied LM head (int8, one scale per vocabulary row):
-    row t = qweight[t] * scales[t], in `dtype`. Holds no tensors of its own (the head owns them)."""
+    """Token embeddings read from a quantized tied LM head: int8 with one scale per vocabulary row
+    (row t = qweight[t] * scales[t]) or int4 per group (the looked-up rows unpacked, each group times
+    its scale), in `dtype`. Holds no tensors of its own (the head owns them)."""
 
     def __init__(self, head: QuantLinear, dtype: torch.dtype):
         super().__init__()
@@ -107,7 +108,14 @@ class QuantEmbedding(nn.Module):
     def forward(self, input_ids: torch.Tensor, out: torch.Tensor | None = None) -> torch.Tensor:
         head = self._head[0]
         rows = head.qweight.index_select(0, input_ids)
-        scales = head.scales.index_select(0, input_ids).unsqueeze(1)
+        scales = head.scales.index_select(0, input_ids).unsqueeze(-1)
+        if head.scheme == "int4_wo":  # [T, K/2] packed → [T, groups, group] codes
+            t = rows.shape[0]
+            rows = ql.unpack_int4(rows).view(t, -1, head.group)
+            if out is not None:
+                torch.mul(rows, scales, out=out.view(t, -1, head.group))
+                return out
+            return (rows * scales).view(t, -1).to(self.dtype)
         if out is not None:  # float32 [T, H] (the CPU decode plan's buffer)
             return torch.mul(rows, scales, out=out)
         return (rows * scales).to(self.dtype)
@@ -127,7 +135,8 @@ def quantize_layers(network: nn.Module, quantization: dict[str, Any], dtype: tor
     as `network.head_linear` (a tied embedding then reads it: QuantEmbedding, in `dtype`)."""
     cfg = network.cfg
     if quantization.get("lm_head"):
-        head = QuantLinear(cfg.hidden_size, cfg.vocab_size, False, quantization["lm_head"], 0)
+        head = QuantLinear(cfg.hidden_size, cfg.vocab_size, False, quantization["lm_head"],
+                           int(quantization.get("lm_head_group_size") or 0))
         head.gemv_only = True
         network.head_linear = head
         if cfg.tie_word_embeddings:

@@ -13,7 +13,8 @@
  * except for a single row, where each group's partial sum is scaled instead (one multiply-add per
  * group rather than one multiply per 8 weights: a batch-1 int4 step is otherwise compute-bound).
  *
- * Prefill (more rows): trtforge_dequant_* write the float32 weights once for a dense GEMM.
+ * Prefill (more rows) with float activations: trtforge_dequant_* write the float32 weights once for a
+ * dense GEMM. (By default every row count takes the int8-activation kernels further down instead.)
  *
  * K must be a multiple of 8 and, for int4, group a multiple of 8 (the caller checks); bias may be NULL.
  */
@@ -221,7 +222,10 @@ void trtforge_dequant_int4(const uint8_t *q, const float *scale, float *out, int
  *                by d * group scale per block.
  *   streaming: the next block of weight rows is prefetched in software (PREFETCH_NEXT).
  *
- * Every block's integer dot is exact; results differ from `gemv_q8_reference` (torch) by float32
+ * Any number of rows (decode steps and prefill chunks): rows in L2-sized tiles, two rows x four weight
+ * rows per register tile (row2 kernels), the weight blocks of a tile split over the threads.
+ *
+ * Every block's integer dot is exact; results differ from `gemv_a8_reference` (torch) by float32
  * summation order only. K must be a multiple of 32 and the int4 group too (quant_linear.py falls
  * back to the float-activation kernels otherwise). Without AVX2 the same arithmetic runs in scalar C.
  */

@@ -8,12 +8,14 @@ int4 values are stored two per byte, element 2i in the low nibble of byte i and 
 one (two's complement nibbles). Scales are float32.
 
 The references here (`dequantize`, then any matmul) define the results; quant_linear.c computes the
-same products without materialising float32 weights: `gemv` for decode-sized batches (≤ 32 rows,
-float32, CPU) and `dequantize_into` (OpenMP) for a dense GEMM on longer inputs. The kernels' values
-are the references' up to float32 summation order (tests/plugins/cpu/test_quant_linear.py).
+same products without materialising float32 weights: `gemv` (float32, CPU; float activations: for
+decode-sized batches, ≤ 32 rows) and `dequantize_into` (OpenMP) for a dense GEMM on longer inputs with
+float activations. The kernels' values are the references' up to float32 summation order
+(tests/plugins/cpu/test_quant_linear.py).
 
-Decode GEMVs quantise their activations too (W8A8 / W4A8, the default; `TRTFORGE_QUANT_ACTIVATIONS=float`
-keeps the float-activation kernels): each row of x per block of 32 inputs to int8 (symmetric,
+By default `gemv` quantises the activations too (W8A8 / W4A8), at any row count — decode steps and
+prefill chunks (`TRTFORGE_QUANT_ACTIVATIONS=float` keeps the float-activation kernels): each row of
+x per block of 32 inputs to int8 (symmetric,
 d = max|x| / 127, round half to even: `quantize_activations`), integer dot products per block, times
 d and the weight scale — `gemv_a8_reference` in torch, which the C kernel matches up to float32
 summation order. Each activation is then off by at most d / 2 (docs/quantization.md: the accuracy

@@ -85,6 +85,8 @@ def test_network_reference_path_equals_the_dequantised_float_network(ckpt, tmp_p
     (dict(quantization="int4_wo", group_size=48), "does not divide"),
     (dict(quantization="int4_wo", group_size=7), "two per byte"),
     (dict(quantization="int3"), "is unknown"),
+    (dict(quantization="int8_wo", lm_head_quantization="int2"), "--lm-head-quantization 'int2' is unknown"),
+    (dict(quantization="int8_wo", lm_head_quantization="int4_wo", group_size=48), "LM head"),
     (dict(quantization="int8_wo", backend="tensorrt"), "not supported with --backend tensorrt yet"),
     (dict(quantization="int8_wo", backend="trtllm"), "not supported with --backend trtllm yet"),
 ])
@@ -115,8 +117,9 @@ def test_no_quantize_lm_head_keeps_the_float_head(ckpt, tmp_path):
     assert tensors["lm_head.weight"].dtype == torch.float32 and "head_linear.qweight" not in tensors
 
 
+@pytest.mark.parametrize("head_scheme", ["int8_wo", "int4_wo"])
 @pytest.mark.parametrize("variant", ["qwen2-gqa-bias-tied", "llama-gqa-llama3rope"])  # tied, untied
-def test_quantized_lm_head_and_embeddings(tmp_path, variant):
+def test_quantized_lm_head_and_embeddings(tmp_path, variant, head_scheme):
     """The int8 head against its references (int8 activations: gemv_a8_reference; float activations:
     dequantise, F.linear), through the GEMV for few rows and GEMV_MAX_ROWS at a time for more (it is
     never dequantised whole); a tied head's embeddings are
@@ -128,21 +131,26 @@ def test_quantized_lm_head_and_embeddings(tmp_path, variant):
 
     ckpt = make_variant(tmp_path / "ckpt", variant)
     out, cfg = build_engine(str(ckpt), tmp_path / "e", BuildConfig(dtype="float32", quantization="int4_wo",
-                                                                    group_size=32, kv_cache_memory="8MiB"),
+                                                                    group_size=32, kv_cache_memory="8MiB",
+                                                                    lm_head_quantization=head_scheme),
                             progress=False)
+    meta = json.loads((out / "engine.json").read_text())["quantization"]
+    group = 32 if head_scheme == "int4_wo" else 0
+    assert meta["lm_head"] == head_scheme and (meta["lm_head_group_size"] or 0) == group
     net = LLMEngine.from_engine_dir(out).executor.network
     head = net.head_linear
-    assert isinstance(head, QuantLinear) and head.scheme == "int8_wo" and head.gemv_only
-    w = ql.dequantize(head.qweight, head.scales, "int8_wo", 0)
+    assert isinstance(head, QuantLinear) and head.scheme == head_scheme and head.group == group and head.gemv_only
+    w = ql.dequantize(head.qweight, head.scales, head_scheme, group)
     hidden = cfg.model.hidden_size
-    assert ql.a8_ok(hidden, "int8_wo", 0)  # the GEMV quantises the activation rows per block of 32 too
+    assert ql.a8_ok(hidden, head_scheme, group)  # the GEMV quantises the activation rows per block of 32 too
     with torch.inference_mode():
         for rows in (3, GEMV_MAX_ROWS + 7):
             x = torch.randn(rows, hidden)
-            want, m = ql.gemv_a8_reference(x, head.qweight, head.scales, None, "int8_wo", 0)
+            want, m = ql.gemv_a8_reference(x, head.qweight, head.scales, None, head_scheme, group)
             # float32 summation of exact integer block dots (tests/plugins/cpu/test_quant_linear.py)
-            assert ((head(x).double() - want).abs() <= (hidden // 32 + 8) * 2.0 ** -24 * m).all()
-            with_float_x = ql.gemv(x[:GEMV_MAX_ROWS], head.qweight, head.scales, None, "int8_wo", 0, "float")
+            bound = (hidden // 32 + (hidden // group if group else 0) + 8) * 2.0 ** -24 * m
+            assert ((head(x).double() - want).abs() <= bound).all()
+            with_float_x = ql.gemv(x[:GEMV_MAX_ROWS], head.qweight, head.scales, None, head_scheme, group, "float")
             torch.testing.assert_close(with_float_x, x[:GEMV_MAX_ROWS] @ w.T, atol=1e-4, rtol=1e-5)
     from safetensors.torch import load_file as load
 
@@ -152,8 +160,16 @@ def test_quantized_lm_head_and_embeddings(tmp_path, variant):
     got = net.embed_tokens(ids)
     if cfg.model.tie_word_embeddings:
         assert isinstance(net.embed_tokens, QuantEmbedding)
+        torch.testing.assert_close(got, w[ids], atol=0, rtol=0)  # exactly the head's dequantised rows
         err = (got - table[ids]).abs()
-        assert bool((err <= head.scales[ids, None] / 2 * (1 + 1e-6)).all())
+        if head_scheme == "int8_wo":
+            assert bool((err <= head.scales[ids, None] / 2 * (1 + 1e-6)).all())
+        else:  # per group: within scale/2, or a clipped extreme within 2.34 scales (the clip search's floor 0.75)
+            step = head.scales[ids].repeat_interleave(group, dim=1)
+            assert bool((err <= step * 2.34).all()) and float((err <= step / 2 * (1 + 1e-6)).float().mean()) > 0.9
+        plan_out = torch.empty(len(ids), hidden)
+        assert net.embed_tokens(ids, out=plan_out) is plan_out and torch.equal(plan_out, got)  # the decode plan's call
     else:
         assert isinstance(net.embed_tokens, torch.nn.Embedding) and torch.equal(got, table[ids])
-        torch.testing.assert_close(w, hf["lm_head.weight"], atol=float(head.scales.max()) / 2, rtol=0)
+        reach = 0.5 if head_scheme == "int8_wo" else 2.34  # int4: a clipped extreme (see above)
+        torch.testing.assert_close(w, hf["lm_head.weight"], atol=float(head.scales.max()) * reach, rtol=0)

@@ -16,11 +16,12 @@ from trtforge.serving.core.sampling_params import SamplingParams
 
 
 
-def _engine(tmp_path, variant: str, quantization: str = "none") -> LLMEngine:
+def _engine(tmp_path, variant: str, quantization: str = "none", lm_head: str = "int8_wo") -> LLMEngine:
     ckpt = make_variant(tmp_path / "ckpt", variant)
     out, _ = build_engine(str(ckpt), tmp_path / "engine",
                           BuildConfig(dtype="float32", max_batch_size=64, kv_cache_memory="8MiB",
-                                      quantization=quantization, group_size=32), progress=False)
+                                      quantization=quantization, group_size=32, lm_head_quantization=lm_head),
+                          progress=False)
     return LLMEngine.from_engine_dir(out)
 
 
@@ -36,15 +37,16 @@ def test_plan_matches_the_network(tmp_path, monkeypatch, variant, quantization):
     assert seen.count(1) >= 4 and seen.count(3) >= 4, seen
 
 
-@pytest.mark.parametrize("variant,quantization", [("qwen2-gqa-bias-tied", "int8_wo"),
-                                                  ("llama-gqa-llama3rope", "int4_wo")])
-def test_quantized_plan_takes_big_decode_batches(tmp_path, monkeypatch, variant, quantization):
+@pytest.mark.parametrize("variant,quantization,lm_head", [("qwen2-gqa-bias-tied", "int8_wo", "int8_wo"),
+                                                          ("llama-gqa-llama3rope", "int4_wo", "int8_wo"),
+                                                          ("qwen2-gqa-bias-tied", "int4_wo", "int4_wo")])
+def test_quantized_plan_takes_big_decode_batches(tmp_path, monkeypatch, variant, quantization, lm_head):
     """All linears int8-activation kernels: decode batches past GEMV_MAX_ROWS run the plan too (its
     buffers grow, earlier batch sizes' calls are rebuilt), still equal to the network."""
     from trtforge.serving.worker.cpu_decode_plan import A8_MAX_ROWS
 
-    engine = _engine(tmp_path, variant, quantization)
-    assert engine.executor.cpu_plan.max_rows == A8_MAX_ROWS
+    engine = _engine(tmp_path, variant, quantization, lm_head)
+    assert engine.executor.cpu_plan.max_rows == A8_MAX_ROWS and engine.executor.network.head_linear.scheme == lm_head
     seen = _compare_plan_with_network(engine, monkeypatch)
     engine.generate([[5, 9, 13]], SamplingParams(max_tokens=3, ignore_eos=True))
     many = [[7 + i, 8, 9] for i in range(GEMV_MAX_ROWS + 9)]
