@@ -50,7 +50,9 @@ PRECISIONS = {  # ours: (trtforge engine, llama.cpp GGUF type, ORT GenAI builder
     "fp32": ("trt_none", "F32", "fp32"),
     "int8": ("trt_int8_wo", "Q8_0", "int8"),
     "int4": ("trt_int4_wo", "Q4_K_M", "int4"),
+    "int4h4": ("trt_int4_wo_h4", "Q4_K_M", "int4"),  # trtforge's LM head int4 too, as ORT GenAI's int4 model
 }
+LABELS = {"fp32": "fp32 (F32)", "int8": "int8 (Q8_0)", "int4": "int4 (Q4_K_M)", "int4h4": "int4, int4 head"}
 PROMPT_LENS = (128, 512)
 DECODE_PROMPT = 16
 
@@ -426,11 +428,12 @@ def plot(report: dict, path: str) -> None:
     fig, axes = plt.subplots(1, 3, figsize=(15, 4.5))
     for ax, (title, get) in zip(axes, panels):
         for i, eng in enumerate(engines):
-            xs = [j + (i - 1) * 0.27 for j in range(len(PRECISIONS))]
-            vals = [get(p, eng) or 0 for p in PRECISIONS]
+            precs = list(report["batch1"])
+            xs = [j + (i - 1) * 0.27 for j in range(len(precs))]
+            vals = [get(p, eng) or 0 for p in precs]
             bars = ax.bar(xs, vals, 0.27, label=eng)
             ax.bar_label(bars, [f"{v:.0f}" if v else "" for v in vals], fontsize=7)
-        ax.set_xticks(range(len(PRECISIONS)), ["fp32 (F32)", "int8 (Q8_0)", "int4 (Q4_K_M)"])
+        ax.set_xticks(range(len(precs)), [LABELS[p] for p in precs])
         ax.set_title(title, fontsize=10)
     axes[0].legend(fontsize=8)
     fig.suptitle(f"CPU peers, {THREADS} threads each, Qwen2.5-0.5B-shaped random checkpoint "
@@ -458,6 +461,8 @@ def main() -> None:
     ap.add_argument("--repeats", type=int, default=3)
     ap.add_argument("--decode-tokens", type=int, default=128)
     ap.add_argument("--load-requests", type=int, default=64)
+    ap.add_argument("--precisions", default="fp32,int8,int4",
+                    help=f"batch-1 rows, comma-separated, of {','.join(PRECISIONS)} (int4h4: trtforge with an int4 LM head)")
     ap.add_argument("--load-precisions", default="int8,int4", help="comma-separated, of fp32,int8,int4 ('' : none)")
     ap.add_argument("--trt-load-max-batch", type=int, default=None,
                     help="also run trtforge under load with this max_batch_size (e.g. 16, llama-server's slots)")
@@ -475,9 +480,13 @@ def main() -> None:
     log(f"start: {uptime}")
 
     gguf = attempt(report, "llama.cpp conversion", convert_gguf, args, work) or {}
-    ort = {p: attempt(report, f"ORT GenAI {p} conversion", convert_ort, args, work, p) for p in PRECISIONS}
+    chosen = [p for p in args.precisions.split(",") if p]
+    wanted = set(chosen) | set(filter(None, args.load_precisions.split(",")))
+    ort = {p: attempt(report, f"ORT GenAI {o} conversion", convert_ort, args, work, o)
+           for p, (_, _, o) in PRECISIONS.items() if p in wanted}
 
-    for prec, (trt_dir, gguf_type, _) in PRECISIONS.items():
+    for prec in chosen:
+        trt_dir, gguf_type, _ = PRECISIONS[prec]
         rows = report["batch1"][prec] = {}
         rows["trtforge"] = attempt(report, f"trtforge {prec} batch-1", trt_batch1, work / trt_dir, args.repeats,
                                    args.decode_tokens)
