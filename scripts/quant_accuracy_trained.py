@@ -95,13 +95,22 @@ def main() -> None:
     ap.add_argument("--windows", type=int, default=8, help="held-out windows of --window tokens")
     ap.add_argument("--window", type=int, default=100)
     ap.add_argument("--corpus-mb", type=float, default=6.0)
+    ap.add_argument("--reuse", action="store_true", help="use WORK/ckpt_<arch> where it exists instead of training")
+    ap.add_argument("--int4-head", action="store_true",
+                    help="also measure int4_wo with --lm-head-quantization int4_wo (key int4_wo_int4_head)")
     ap.add_argument("--json")
     args = ap.parse_args()
     torch.manual_seed(0)
     work = Path(args.work)
     work.mkdir(parents=True, exist_ok=True)
     train_text, held_text = corpus(int(args.corpus_mb * 1e6))
-    tokenizer = train_tiny_tokenizer(vocab_size=VOCAB, texts=[ln for t in train_text for ln in t.splitlines(True)])
+    saved = [work / f"ckpt_{a}" for a in args.archs.split(",") if (work / f"ckpt_{a}" / "tokenizer.json").is_file()]
+    if args.reuse and saved:  # the tokenizer the saved checkpoints were trained with
+        from transformers import AutoTokenizer
+
+        tokenizer = AutoTokenizer.from_pretrained(str(saved[0]))
+    else:
+        tokenizer = train_tiny_tokenizer(vocab_size=VOCAB, texts=[ln for t in train_text for ln in t.splitlines(True)])
     ids = torch.tensor(tokenizer.encode("".join(train_text), add_special_tokens=False))
     held = tokenizer.encode("".join(held_text), add_special_tokens=False)
     stride = len(held) // args.windows
@@ -111,14 +120,23 @@ def main() -> None:
               "shapes": {"hidden": HIDDEN, "intermediate": INTERMEDIATE, "layers": LAYERS, "heads": HEADS,
                          "kv_heads": KV_HEADS}}
     for arch in args.archs.split(","):
-        model = make_model(arch)
-        stats = train(model, ids, args.train_seconds)
-        stats["held_out_loss"] = held_out_loss(model, windows)
         ckpt = work / f"ckpt_{arch}"
-        model.save_pretrained(str(ckpt), safe_serialization=True)
-        tokenizer.save_pretrained(str(ckpt))
+        if args.reuse and (ckpt / "config.json").is_file():
+            from transformers import AutoModelForCausalLM
+
+            model = AutoModelForCausalLM.from_pretrained(str(ckpt))
+            stats = {"reused": str(ckpt)}
+        else:
+            model = make_model(arch)
+            stats = train(model, ids, args.train_seconds)
+            model.save_pretrained(str(ckpt), safe_serialization=True)
+            tokenizer.save_pretrained(str(ckpt))
+        stats["held_out_loss"] = held_out_loss(model, windows)
         print(arch, stats, flush=True)
         got = measure(ckpt, work / f"engines_{arch}", {"int8_wo": None, "int4_wo": 128}, windows)
+        if args.int4_head:
+            got["int4_wo_int4_head"] = measure(ckpt, work / f"engines_{arch}_h4", {"int4_wo": 128}, windows,
+                                               lm_head_quantization="int4_wo")["int4_wo"]
         report[arch] = {"training": stats, **got}
         print(arch, json.dumps(got), flush=True)
     text = json.dumps(report, indent=2)

@@ -9,6 +9,7 @@ random model, by scripts/bench_quant.sh.
 from __future__ import annotations
 
 from pathlib import Path
+from typing import Any
 
 import torch
 
@@ -63,8 +64,9 @@ def compare(reference: torch.Tensor, quantized: torch.Tensor) -> dict[str, float
 
 
 def measure(ckpt: Path, work: Path, schemes: dict[str, int | None], sequences: list[list[int]],
-            kv_cache_memory: str = "64MiB") -> dict[str, dict[str, float]]:
-    """{scheme: compare(...)} of each quantized engine (scheme → group size) against float32."""
+            kv_cache_memory: str = "64MiB", **options: Any) -> dict[str, dict[str, float]]:
+    """{scheme: compare(...)} of each quantized engine (scheme → group size) against float32.
+    options: more BuildConfig fields for the quantized builds (e.g. lm_head_quantization)."""
     def logits(name: str, **options) -> torch.Tensor:
         out, _ = build_engine(str(ckpt), work / name, BuildConfig(dtype="float32", kv_cache_memory=kv_cache_memory,
                                                                   max_num_tokens=4096, **options),
@@ -74,7 +76,7 @@ def measure(ckpt: Path, work: Path, schemes: dict[str, int | None], sequences: l
             return all_position_logits(engine, sequences)
 
     base = logits("float32")
-    return {s: compare(base, logits(s, quantization=s, **({"group_size": g} if g else {})))
+    return {s: compare(base, logits(s, quantization=s, **({"group_size": g} if g else {}), **options))
             for s, g in schemes.items()}
 
 
