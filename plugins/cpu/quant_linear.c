@@ -630,35 +630,36 @@ static inline void int4_a8_block(const act_buf *a, int64_t r0, int64_t r1, const
 }
 
 /* y = x W^T + b with x quantised per block to int8; returns -1 when the scratch cannot be allocated.
- * Any number of rows: tiles of row_tile(k) rows, each tile's weight blocks split over the threads. */
-int trtforge_gemv_int8_a8(const float *x, int64_t rows, const int8_t *q, const float *scale, const float *bias,
-                          float *y, int64_t n_out, int64_t k, int64_t threads) {
+ * Any number of rows: tiles of row_tile(k) rows, each tile's weight blocks split over the threads.
+ * One body for both weight types (int4: group > 0), specialised by the compiler per caller. */
+static inline __attribute__((always_inline)) int a8_gemm(const float *x, int64_t rows, const void *q,
+                                                          const float *scale, const float *bias, float *y,
+                                                          int64_t n_out, int64_t k, int64_t group, int int4,
+                                                          int64_t threads) {
     act_buf *a = &tls_act;
     if (act_reserve(a, rows, k)) return -1;
-    quantize_rows(x, rows, k, 0, a, threads);
+    quantize_rows(x, rows, k, int4, a, threads);
     const int64_t blocks = (n_out + 3) / 4, tile = row_tile(k);
 #pragma omp parallel num_threads(threads)
     for (int64_t r0 = 0; r0 < rows; r0 += tile) {
         const int64_t r1 = r0 + tile < rows ? r0 + tile : rows;
 #pragma omp for schedule(static)
-        for (int64_t blk = 0; blk < blocks; blk++) int8_a8_block(a, r0, r1, q, scale, bias, y, blk * 4, n_out, k);
+        for (int64_t blk = 0; blk < blocks; blk++) {
+            if (int4) int4_a8_block(a, r0, r1, (const uint8_t *)q, scale, bias, y, blk * 4, n_out, k, group);
+            else int8_a8_block(a, r0, r1, (const int8_t *)q, scale, bias, y, blk * 4, n_out, k);
+        }
     }
     return 0;
 }
 
+int trtforge_gemv_int8_a8(const float *x, int64_t rows, const int8_t *q, const float *scale, const float *bias,
+                          float *y, int64_t n_out, int64_t k, int64_t threads) {
+    return a8_gemm(x, rows, q, scale, bias, y, n_out, k, 0, 0, threads);
+}
+
 int trtforge_gemv_int4_a8(const float *x, int64_t rows, const uint8_t *q, const float *scale, const float *bias,
                           float *y, int64_t n_out, int64_t k, int64_t group, int64_t threads) {
-    act_buf *a = &tls_act;
-    if (act_reserve(a, rows, k)) return -1;
-    quantize_rows(x, rows, k, 1, a, threads);
-    const int64_t blocks = (n_out + 3) / 4, tile = row_tile(k);
-#pragma omp parallel num_threads(threads)
-    for (int64_t r0 = 0; r0 < rows; r0 += tile) {
-        const int64_t r1 = r0 + tile < rows ? r0 + tile : rows;
-#pragma omp for schedule(static)
-        for (int64_t blk = 0; blk < blocks; blk++) int4_a8_block(a, r0, r1, q, scale, bias, y, blk * 4, n_out, k, group);
-    }
-    return 0;
+    return a8_gemm(x, rows, q, scale, bias, y, n_out, k, group, 1, threads);
 }
 
 /* The activation quantisation alone (natural layout), for the tests: xq [rows, k], d [rows, k / 32]. */
