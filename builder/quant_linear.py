@@ -2,7 +2,8 @@
 
 Which layers: the ones the network fuses — attention's qkv and o_proj, the MLP's gate_up (or up) and
 down — and, unless built with --no-quantize-lm-head, the LM head: int8 with one scale per vocabulary
-row whatever the scheme (or int4 per group: --lm-head-quantization int4_wo) (the head's error reaches the logits unmixed, so it gets the finer step;
+row whatever the scheme by default (the head's error reaches the logits unmixed, so it gets the finer step;
+--lm-head-quantization int4_wo makes it int4 per group instead;
 for a 0.5B model with a 151936-row tied head the float32 head was 60-74 % of a quantized decode
 step's bytes). It is the network's `head_linear`, stored as `head_linear.qweight`/`.scales`. A tied
 head is the embedding table: `QuantEmbedding` then looks tokens up in the same int8 rows and
@@ -13,9 +14,10 @@ a row at a time).
 How a `QuantLinear` computes (the quantisation math: plugins/cpu/quant_linear.py):
   * float32 on CPU, any number of rows: the C kernel with the activation rows quantised to int8 per
     block of 32 and integer dot products (W8A8 / W4A8) — decode steps and prefill chunks alike: on
-    the 2-core AMD EPYC (Zen 3) it is 1.05-1.9x as fast as the dequantise + oneDNN float32 GEMM
-    below at every row count measured (16-1024 rows of Qwen2.5-0.5B's four linears; the numbers are
-    in docs/quantization.md), and it never writes a float32 copy of the weights;
+    the 2-core AMD EPYC (Zen 3) it is 1.1-3.5x as fast as the dequantise + oneDNN float32 GEMM
+    below at every row count measured (16-2048 rows of Qwen2.5-0.5B's four linears:
+    scripts/bench_quant_gemm.py, numbers in docs/quantization.md), and it never writes a float32
+    copy of the weights;
   * TRTFORGE_QUANT_ACTIVATIONS=float or a K / int4 group that is not a multiple of 32: float
     activations — up to GEMV_MAX_ROWS rows the C kernel dequantising the weights in registers, more
     rows the weights dequantised by a C loop into a float32 scratch buffer, then oneDNN's GEMM (as

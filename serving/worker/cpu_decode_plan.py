@@ -60,6 +60,12 @@ def _quant_gemv(lin: QuantLinear, x: int, t: int, y: int) -> tuple:
     return (fn, *args) if lin.scheme == "int8_wo" else (fn, *args, lin.group)
 
 
+def _linears(network: Any) -> list[Any]:
+    """The linears the plan calls: the LM head, then each layer's qkv, o_proj, gate_up, down."""
+    return [network.head_linear] + [m for layer in network.layers for m in (
+        layer.attn.qkv, layer.attn.o_proj, layer.mlp.gate_up, layer.mlp.down)]
+
+
 A8_MAX_ROWS = 256
 """A quantized engine's plan takes decode batches up to this size (its int8-activation kernels are
 the fastest path at any row count; the module path would add ~15 ms a step and gather the KV for SDPA)."""
@@ -79,10 +85,8 @@ class CpuDecodePlan:
         self.cfg = network.cfg
         self._prepared: dict[int, tuple[dict[str, torch.Tensor], list[tuple], tuple]] = {}
         self._buffers: dict[str, torch.Tensor] = {}  # [rows, width] each; a step of t tokens uses rows :t
-        linears = [network.head_linear] + [m for layer in network.layers for m in (
-            layer.attn.qkv, layer.attn.o_proj, layer.mlp.gate_up, layer.mlp.down)]
         all_a8 = all(isinstance(m, QuantLinear) and cpu_quant.a8_ok(m.in_features, m.scheme, m.group)
-                     for m in linears)
+                     for m in _linears(network))
         self.max_rows = A8_MAX_ROWS if all_a8 else GEMV_MAX_ROWS
         """Most tokens a step may have: the float GEMVs' limit, or A8_MAX_ROWS where every linear is
         an int8-activation kernel (which takes any number of rows)."""
@@ -101,9 +105,7 @@ class CpuDecodePlan:
             return None
         llama_style = (c.norm == "rms" and c.gated_mlp and c.activation == "silu" and c.position == "rope"
                        and not c.qk_norm)
-        linears = [network.head_linear] + [m for layer in network.layers
-                                           for m in (layer.attn.qkv, layer.attn.o_proj, layer.mlp.gate_up,
-                                                     layer.mlp.down)] if llama_style else []
+        linears = _linears(network) if llama_style else []
         if not llama_style or not all(_plan_linear(m) for m in linears):
             return None
         if c.hidden_size % 8 or c.head_dim % 8 or c.intermediate_size % 8:
