@@ -26,10 +26,15 @@ ENV PIP_NO_CACHE_DIR=1 \
 
 WORKDIR /opt/trtforge
 COPY pyproject.toml README.md ./
-COPY builder ./builder
+COPY config ./config
 COPY plugins ./plugins
+COPY models ./models
+COPY builder ./builder
 COPY serving ./serving
 COPY model_repo ./model_repo
+COPY frontend ./frontend
+COPY bench ./bench
+COPY cli ./cli
 
 # torch from PyPI is the CUDA build on Linux x86-64; the [tensorrt] extra brings tensorrt + triton.
 # DL3013 flags the unpinned "." : that is this project itself, from the build context.

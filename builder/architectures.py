@@ -12,7 +12,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from .errors import BuildError
+from trtforge.models.errors import BuildError
 
 
 @dataclass(frozen=True)

@@ -16,16 +16,18 @@ from typing import Any
 
 import torch
 
-from . import checkpoint as ckpt_mod
-from .architectures import spec_for
-from .build_config import BuildConfig
-from .convert import TORCH_DTYPES, convert
-from .convert_sharded import convert_sharded
-from .engine_dir import EngineConfig, trtforge_version, write_engine_json
-from .errors import BuildError
-from .model_config import ModelConfig
-from .report import BuildReport, make_report
-from .tensor_parallel import check_tensor_parallel, mapping
+from trtforge.builder import checkpoint as ckpt_mod
+from trtforge.builder.architectures import spec_for
+from trtforge.builder.build_config import BuildConfig
+from trtforge.builder.convert import convert
+from trtforge.models.dtypes import DTYPE_BYTES, torch_dtype
+from trtforge.builder.convert_sharded import convert_sharded
+from trtforge.models.engine_dir import EngineConfig, trtforge_version, write_engine_json
+from trtforge.models.errors import BuildError
+from trtforge.builder.hf_config import model_config_from_hf
+from trtforge.models.model_config import ModelConfig
+from trtforge.builder.report import BuildReport, make_report
+from trtforge.models.tensor_parallel import check_tensor_parallel, mapping
 
 
 def default_scheduling(build: BuildConfig) -> dict[str, Any]:
@@ -39,7 +41,7 @@ def resolve_dtype(requested: str, model: ModelConfig) -> str:
     if requested != "auto":
         return requested
     stored = model.torch_dtype
-    return stored if stored in TORCH_DTYPES else "float32"
+    return stored if stored in DTYPE_BYTES else "float32"
 
 
 def build_engine(checkpoint: str, output: str | Path, build: BuildConfig, force: bool = False,
@@ -52,7 +54,7 @@ def build_engine(checkpoint: str, output: str | Path, build: BuildConfig, force:
         raise BuildError(f"{output} already exists; pass --force to replace it.")
     src = ckpt_mod.resolve(checkpoint)
     hf = ckpt_mod.load_hf_config(src)
-    model = ModelConfig.from_hf(hf)
+    model = model_config_from_hf(hf)
     model.eos_token_ids = _eos_ids(src, model.eos_token_ids)
     build.validate(model.max_position_embeddings, model.sliding_window)
     ckpt_mod.check_tokenizer(src)
@@ -65,10 +67,10 @@ def build_engine(checkpoint: str, output: str | Path, build: BuildConfig, force:
     try:
         with ckpt_mod.TensorReader(src, allow_pickle=build.allow_pickle) as reader:
             if build.tp_size > 1:
-                sizes = convert_sharded(model, spec, reader, hf, TORCH_DTYPES[dtype], tmp, build.tp_size,
+                sizes = convert_sharded(model, spec, reader, hf, torch_dtype(dtype), tmp, build.tp_size,
                                         progress=progress)
             else:
-                sizes = convert(model, spec, reader, hf, TORCH_DTYPES[dtype], tmp / "rank0.safetensors",
+                sizes = convert(model, spec, reader, hf, torch_dtype(dtype), tmp / "rank0.safetensors",
                                 progress=progress, quant=quant)
         for f in ckpt_mod.tokenizer_files(src):
             shutil.copy2(f, tmp / f.name)
@@ -104,7 +106,7 @@ def _quantization(build: BuildConfig, model: ModelConfig) -> dict[str, Any] | No
     """engine.json's `quantization` record, after checking the layers' shapes allow it; None: not quantized."""
     if build.quantization == "none":
         return None
-    from .quant_linear import QUANTIZED_LAYERS, quantized_in_features
+    from trtforge.models.quantized_layers import QUANTIZED_LAYERS, quantized_in_features
 
     build.check_quantization_shapes(quantized_in_features(model), model.hidden_size)
     head = build.lm_head_quantization if build.quantize_lm_head else None

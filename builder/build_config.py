@@ -2,30 +2,15 @@
 
 from __future__ import annotations
 
-import re
 from dataclasses import asdict, dataclass
 
-from .errors import BuildError
+from trtforge.config.fields import parse_bytes
+from trtforge.models.errors import BuildError
 
 BACKENDS = ("torch", "tensorrt", "trtllm")  # the ones that exist; `build-engine --backend` offers exactly these
 DTYPES = ("auto", "float32", "float16", "bfloat16")
 QUANTIZATIONS = ("none", "int8_wo", "int4_wo")
 KV_CACHE_DTYPES = ("auto", "int8")
-DTYPE_BYTES = {"float32": 4, "float16": 2, "bfloat16": 2}
-_UNITS = {"": 1, "B": 1, "KB": 10**3, "MB": 10**6, "GB": 10**9, "TB": 10**12,
-          "KIB": 2**10, "MIB": 2**20, "GIB": 2**30, "TIB": 2**40}
-
-
-def parse_bytes(text: str | int) -> int:
-    """'4GiB' → 4294967296; '512MB' → 512000000; plain integers are bytes."""
-    if isinstance(text, int):
-        return text
-    m = re.fullmatch(r"\s*([0-9]*\.?[0-9]+)\s*([A-Za-z]*)\s*", str(text))
-    if not m or m.group(2).upper() not in _UNITS:
-        raise BuildError(f"cannot read {text!r} as a size in bytes: write e.g. 4GiB, 512MiB or 2000000000.")
-    return int(float(m.group(1)) * _UNITS[m.group(2).upper()])
-
-
 @dataclass
 class BuildConfig:
     """Options of `build-engine`; recorded in engine.json under "build"."""
@@ -67,7 +52,10 @@ class BuildConfig:
 
     @property
     def kv_cache_bytes(self) -> int:
-        return parse_bytes(self.kv_cache_memory)
+        try:
+            return parse_bytes(self.kv_cache_memory)
+        except ValueError as exc:
+            raise BuildError(str(exc)) from None
 
     def validate(self, max_position_embeddings: int, sliding_window: int | None) -> "BuildConfig":
         """Check the options against each other and the model; fill max_seq_len. Returns self."""
@@ -95,7 +83,7 @@ class BuildConfig:
         if self.max_num_tokens < self.max_batch_size:
             raise BuildError(f"contradictory limits: --max-num-tokens {self.max_num_tokens} < --max-batch-size "
                              f"{self.max_batch_size}: a full decode batch needs one token per sequence.")
-        parse_bytes(self.kv_cache_memory)
+        self.kv_cache_bytes  # noqa: B018 - a bad size raises BuildError here
         return self
 
     def check_quantization_options(self) -> None:

@@ -13,7 +13,7 @@ from typing import Any
 
 import torch
 
-from .errors import BuildError
+from trtforge.models.errors import BuildError
 
 TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "special_tokens_map.json", "vocab.json",
                    "merges.txt", "tokenizer.model", "added_tokens.json", "chat_template.jinja",
@@ -50,7 +50,7 @@ def load_hf_config(ckpt: Path) -> Any:
         raw = json.loads((ckpt / "config.json").read_text())
     except json.JSONDecodeError as exc:
         raise BuildError(f"{ckpt / 'config.json'} is not valid JSON ({exc}).") from None
-    from .architectures import spec_for
+    from trtforge.builder.architectures import spec_for
 
     spec_for(list(raw.get("architectures") or []), raw.get("model_type"))  # clear error first
     from transformers import AutoConfig

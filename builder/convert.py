@@ -15,17 +15,16 @@ from typing import Any
 import torch
 from tqdm import tqdm
 
-from .architectures import ArchSpec, WeightRule
+from trtforge.builder.architectures import ArchSpec, WeightRule
 from trtforge.plugins.cpu.quant_linear import quantize
 
-from .checkpoint import TensorReader
-from .errors import BuildError
-from .model_config import ModelConfig
-from .quant_linear import is_quantized_weight, quantized_head_source
-from .rope import compute_inv_freq
-from .safetensors_stream import StreamingSafetensorsWriter
+from trtforge.builder.checkpoint import TensorReader
+from trtforge.models.errors import BuildError
+from trtforge.models.model_config import ModelConfig
+from trtforge.models.quantized_layers import is_quantized_weight, quantized_head_source
+from trtforge.models.rope import compute_inv_freq
+from trtforge.builder.safetensors_stream import StreamingSafetensorsWriter
 
-TORCH_DTYPES = {"float32": torch.float32, "float16": torch.float16, "bfloat16": torch.bfloat16}
 
 
 @dataclass
@@ -50,8 +49,8 @@ def _source_shapes(cfg: ModelConfig, rule: WeightRule, shape: tuple[int, ...]) -
 
 def plan(cfg: ModelConfig, spec: ArchSpec, reader: TensorReader) -> list[Item]:
     """Every output tensor with its sources; raises BuildError for a missing or misshaped tensor."""
-    from .network import CausalLM
-    from .skip_init import build_on_meta
+    from trtforge.models.network import CausalLM
+    from trtforge.models.skip_init import build_on_meta
 
     expected = {k: tuple(v.shape) for k, v in build_on_meta(lambda: CausalLM(cfg)).state_dict().items()}
     rules = [(r, None) for r in spec.globals]

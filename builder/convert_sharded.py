@@ -14,12 +14,12 @@ from typing import Any
 import torch
 from tqdm import tqdm
 
-from .architectures import ArchSpec
-from .checkpoint import TensorReader
-from .convert import _combine, plan_with_extras
-from .model_config import ModelConfig
-from .safetensors_stream import StreamingSafetensorsWriter
-from .tensor_parallel import shard_of, shard_tensor
+from trtforge.builder.architectures import ArchSpec
+from trtforge.builder.checkpoint import TensorReader
+from trtforge.builder.convert import _combine, plan_with_extras
+from trtforge.models.model_config import ModelConfig
+from trtforge.builder.safetensors_stream import StreamingSafetensorsWriter
+from trtforge.models.tensor_parallel import shard_of, shard_tensor
 
 
 def convert_sharded(cfg: ModelConfig, spec: ArchSpec, reader: TensorReader, hf_config: Any, dtype: torch.dtype,

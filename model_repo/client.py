@@ -16,7 +16,7 @@ from typing import Any, Iterator
 
 import numpy as np
 
-from .interface import ENSEMBLE, INPUTS, PHASE_INPUTS
+from trtforge.model_repo.interface import ENSEMBLE, INPUTS, PHASE_INPUTS
 
 _NUMPY = {"TYPE_STRING": np.object_, "TYPE_INT32": np.int32, "TYPE_FP32": np.float32,
           "TYPE_UINT64": np.uint64, "TYPE_BOOL": np.bool_}

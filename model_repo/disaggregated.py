@@ -21,13 +21,13 @@ from typing import Any
 
 from tritonclient.grpc import model_config_pb2 as mc
 
-from . import params as P
-from . import phases as D
-from .emit import (MODEL_PY, _checked_bytes, _inputs, _outputs, _write_model, config_text,
+from trtforge.model_repo import params as P
+from trtforge.model_repo import phases as D
+from trtforge.model_repo.emit import (MODEL_PY, _checked_bytes, _inputs, _outputs, _write_model, config_text,
                    engine_model_config, scheduler_parameters)
-from .interface import ENSEMBLE, INPUTS, OUTPUTS, PHASE_INPUTS, PHASE_OUTPUTS
+from trtforge.model_repo.interface import ENSEMBLE, INPUTS, OUTPUTS, PHASE_INPUTS, PHASE_OUTPUTS
 
-ROUTER_PY = Path(__file__).parent / "router" / "1" / "model.py"
+ROUTER_PY = Path(__file__).parent / "python_models" / "router.py"
 
 
 @dataclass

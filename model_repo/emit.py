@@ -30,10 +30,11 @@ from typing import Any
 from google.protobuf import text_format
 from tritonclient.grpc import model_config_pb2 as mc
 
-from . import params as P
-from .interface import ENSEMBLE, INPUTS, OUTPUTS, TensorSpec
+from trtforge.config.fields import parse_bytes
+from trtforge.model_repo import params as P
+from trtforge.model_repo.interface import ENSEMBLE, INPUTS, OUTPUTS, TensorSpec
 
-MODEL_PY = Path(__file__).parent / ENSEMBLE / "1" / "model.py"
+MODEL_PY = Path(__file__).parent / "python_models" / "engine.py"
 """The python-backend model, kept in the shape of the repository it is copied into."""
 
 
@@ -101,12 +102,9 @@ def _checked_bytes(size: str | None) -> str:
     """kv_cache_memory as written by the user, after checking that it reads as a size."""
     if size is None or str(size).strip() == "":
         return ""
-    from trtforge.builder.build_config import parse_bytes  # noqa: PLC0415
-    from trtforge.builder.errors import BuildError  # noqa: PLC0415
-
     try:
         parse_bytes(size)
-    except BuildError as exc:  # its message says how to write a size
+    except ValueError as exc:  # its message says how to write a size
         raise ValueError(f"kv_cache_memory: {exc}") from None
     return str(size)
 
@@ -139,7 +137,7 @@ def emit_repo(engine_dir: str | os.PathLike, repo_dir: str | os.PathLike, *,
     engine_dir = Path(engine_dir).resolve()
     engine = _engine_json(engine_dir)
     if engine.get("backend") == "trtllm":  # served by Triton's tensorrtllm backend (model_repo/trtllm)
-        from .trtllm.emit import emit_trtllm_repo  # noqa: PLC0415
+        from trtforge.model_repo.trtllm.emit import emit_trtllm_repo  # noqa: PLC0415
 
         return emit_trtllm_repo(engine_dir, repo_dir, engine, device=device,
                                 triton_max_batch_size=triton_max_batch_size,
@@ -152,7 +150,7 @@ def emit_repo(engine_dir: str | os.PathLike, repo_dir: str | os.PathLike, *,
     if triton_max_batch_size is None:  # the batch dimension clients send; one prompt each
         triton_max_batch_size = int(engine.get("build", {}).get("max_batch_size", 64))
     if disaggregated:
-        from .disaggregated import PhaseOptions, emit_disaggregated  # noqa: PLC0415
+        from trtforge.model_repo.disaggregated import PhaseOptions, emit_disaggregated  # noqa: PLC0415
 
         if scheduler_overrides or kv_cache_memory:
             raise ValueError("with --disaggregated, scheduling options and the KV memory are each "

@@ -189,7 +189,7 @@ class TritonServer:
                 "with `trtforge emit-repo ENGINE_DIR REPO_DIR`."
             )
         install = find_tritonserver(self.tritonserver)
-        from .trtllm.serve_check import check_trtllm_repo  # noqa: PLC0415
+        from trtforge.model_repo.trtllm.serve_check import check_trtllm_repo  # noqa: PLC0415
 
         check_trtllm_repo(Path(self.repo), install.backend_dir)  # TensorRT-LLM models need their backend
         self._tmp = tempfile.TemporaryDirectory(prefix="trtforge-backends-")

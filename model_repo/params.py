@@ -13,8 +13,8 @@ import dataclasses
 import typing
 from typing import Any
 
-from trtforge.builder.config_docs import parse_text
-from trtforge.serving.core.config import SchedulerConfig
+from trtforge.config.fields import parse_text
+from trtforge.config.scheduler import SchedulerConfig
 
 # Parameters of the engine model that are not scheduler fields.
 ENGINE_DIR = "engine_dir"

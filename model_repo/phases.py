@@ -15,7 +15,7 @@ from __future__ import annotations
 
 from collections.abc import Iterable
 
-from trtforge.serving.core.config import SchedulerConfig
+from trtforge.config.scheduler import SchedulerConfig
 
 BOTH, CONTEXT, GENERATION = "both", "context", "generation"
 ROUTER_ROLE = "disaggregated_serving_bls"

@@ -23,7 +23,7 @@ from typing import Any, Callable, Mapping
 
 import numpy as np
 
-from trtforge.serving.core.sampling_params import SamplingParams
+from trtforge.config.sampling import SamplingParams
 
 # Tensor name → SamplingParams field, for the numeric inputs that map one to one.
 _DIRECT: dict[str, tuple[str, Callable[[Any], Any]]] = {

@@ -9,9 +9,9 @@ cd "$(dirname "$0")/.."
 PY=${PYTHON:-.venv/bin/python}
 WORK=${WORK_DIR:-${TMPDIR:-/tmp}/trtforge-bench-offline}
 mkdir -p "$WORK"
-[ -f "$WORK/ckpt/config.json" ] || "$PY" -m trtforge.serving.cli demo-checkpoint "$WORK/ckpt" --arch qwen2 --size 0.5b
-[ -f "$WORK/engine/engine.json" ] || "$PY" -m trtforge.builder.cli "$WORK/ckpt" -o "$WORK/engine" \
+[ -f "$WORK/ckpt/config.json" ] || "$PY" -m trtforge.cli.main demo-checkpoint "$WORK/ckpt" --arch qwen2 --size 0.5b
+[ -f "$WORK/engine/engine.json" ] || "$PY" -m trtforge.cli.build "$WORK/ckpt" -o "$WORK/engine" \
     --dtype float32 --max-batch-size 64 --max-num-tokens 2048 --max-seq-len 4096 -q
 uptime  # the CPU may be shared: the report records the load too
-exec "$PY" -m trtforge.serving.cli bench offline "$WORK/ckpt" "$WORK/engine" \
+exec "$PY" -m trtforge.cli.main bench offline "$WORK/ckpt" "$WORK/engine" \
     --json "$WORK/offline.json" --plot "$WORK/offline_seed.png" "$@"

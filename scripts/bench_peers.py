@@ -123,7 +123,7 @@ def convert_ort(args, work: Path, precision: str) -> Path:
 def trt_batch1(engine_dir: Path, repeats: int, decode_tokens: int) -> dict:
     import torch
 
-    from trtforge.serving.core.sampling_params import SamplingParams
+    from trtforge.config.sampling import SamplingParams
     from trtforge.serving.engine import LLMEngine
 
     torch.set_num_threads(THREADS)
@@ -214,8 +214,8 @@ def _ort_main(model_dir: str, repeats: int, decode_tokens: int) -> None:
 
 # ---- under load -----------------------------------------------------------------------------------
 def workload(n: int, vocab: int):
-    from trtforge.serving.bench.offline_config import OfflineBenchConfig
-    from trtforge.serving.bench.workload import make_workload
+    from trtforge.bench.offline_config import OfflineBenchConfig
+    from trtforge.bench.workload import make_workload
 
     c = OfflineBenchConfig()
     return make_workload(n, (c.prompt_len_min, c.prompt_len_max), (c.output_len_min, c.output_len_max), vocab, c.seed)
@@ -224,8 +224,8 @@ def workload(n: int, vocab: int):
 def trt_load(engine_dir: Path, n: int, max_batch_size: int | None, kv_cache_memory: str = "384MiB") -> dict:
     import torch
 
-    from trtforge.serving.bench.offline import run_inflight
-    from trtforge.serving.core.sampling_params import SamplingParams
+    from trtforge.bench.offline import run_inflight
+    from trtforge.config.sampling import SamplingParams
     from trtforge.serving.engine import LLMEngine
 
     torch.set_num_threads(THREADS)

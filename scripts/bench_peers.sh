@@ -45,17 +45,17 @@ if [ ! -f "$WORK/peers-venv/.ok" ]; then
 fi
 
 # ---- checkpoint and trtforge engines -----------------------------------------------------------
-[ -f "$WORK/ckpt/config.json" ] || "$PY" -m trtforge.serving.cli demo-checkpoint "$WORK/ckpt" --arch qwen2 --size 0.5b
+[ -f "$WORK/ckpt/config.json" ] || "$PY" -m trtforge.cli.main demo-checkpoint "$WORK/ckpt" --arch qwen2 --size 0.5b
 for q in none int8_wo int4_wo; do
-  [ -f "$WORK/trt_$q/engine.json" ] || "$PY" -m trtforge.builder.cli "$WORK/ckpt" -o "$WORK/trt_$q" --dtype float32 \
+  [ -f "$WORK/trt_$q/engine.json" ] || "$PY" -m trtforge.cli.build "$WORK/ckpt" -o "$WORK/trt_$q" --dtype float32 \
       --max-seq-len 4096 --max-batch-size 64 --max-num-tokens 2048 --kv-cache-memory 384MiB --quantization "$q" -q
 done
 
-[ -f "$WORK/trt_int4_wo_h4/engine.json" ] || "$PY" -m trtforge.builder.cli "$WORK/ckpt" -o "$WORK/trt_int4_wo_h4" \
+[ -f "$WORK/trt_int4_wo_h4/engine.json" ] || "$PY" -m trtforge.cli.build "$WORK/ckpt" -o "$WORK/trt_int4_wo_h4" \
     --dtype float32 --max-seq-len 4096 --max-batch-size 64 --max-num-tokens 2048 --kv-cache-memory 384MiB \
     --quantization int4_wo --lm-head-quantization int4_wo -q  # --precisions ...,int4h4
 for q in int8_wo int4_wo; do  # int8 KV twins for --trt-load-int8-kv
-  [ -f "$WORK/trt_${q}_kv8/engine.json" ] || "$PY" -m trtforge.builder.cli "$WORK/ckpt" -o "$WORK/trt_${q}_kv8" --dtype float32 \
+  [ -f "$WORK/trt_${q}_kv8/engine.json" ] || "$PY" -m trtforge.cli.build "$WORK/ckpt" -o "$WORK/trt_${q}_kv8" --dtype float32 \
       --max-seq-len 4096 --max-batch-size 64 --max-num-tokens 2048 --kv-cache-memory 192MiB --quantization "$q" \
       --kv-cache-dtype int8 -q
 done

@@ -16,9 +16,9 @@ import time
 
 import torch
 
-from trtforge.builder.report import kv_bytes_per_token
-from trtforge.serving.bench.offline import copy_bandwidth, weight_bytes_per_decode_step
-from trtforge.serving.core.sampling_params import SamplingParams
+from trtforge.models.kv_sizing import kv_bytes_per_token
+from trtforge.bench.offline import copy_bandwidth, weight_bytes_per_decode_step
+from trtforge.config.sampling import SamplingParams
 from trtforge.serving.engine import LLMEngine
 
 

@@ -9,9 +9,9 @@ cd "$(dirname "$0")/.."
 PY=${PYTHON:-.venv/bin/python}
 WORK=${WORK_DIR:-${TMPDIR:-/tmp}/trtforge-bench-quant}
 mkdir -p "$WORK"
-[ -f "$WORK/ckpt/config.json" ] || "$PY" -m trtforge.serving.cli demo-checkpoint "$WORK/ckpt" --arch qwen2 --size 0.5b
+[ -f "$WORK/ckpt/config.json" ] || "$PY" -m trtforge.cli.main demo-checkpoint "$WORK/ckpt" --arch qwen2 --size 0.5b
 for q in none int8_wo int4_wo; do
-  [ -f "$WORK/$q/engine.json" ] || "$PY" -m trtforge.builder.cli "$WORK/ckpt" -o "$WORK/$q" --dtype float32 \
+  [ -f "$WORK/$q/engine.json" ] || "$PY" -m trtforge.cli.build "$WORK/ckpt" -o "$WORK/$q" --dtype float32 \
       --max-seq-len 4096 --kv-cache-memory 256MiB --quantization "$q"
 done
 uptime  # the CPU may be shared: the report records the load too

@@ -9,7 +9,7 @@
 #
 #   scripts/bench_serve.sh [OUT_DIR]          (default out/bench_serve; ~15-20 min on 2 cores)
 #
-# Extra options of `python -m trtforge.model_repo.bench.serve_report` can be passed in
+# Extra options of `python -m trtforge.bench.serve_report` can be passed in
 # $BENCH_SERVE_ARGS (e.g. "--long-num 1 --short-output-len 16" to shrink it).
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -17,6 +17,6 @@ OUT=${1:-out/bench_serve}
 # shellcheck source=scripts/bench_engine.sh
 source scripts/bench_engine.sh
 # shellcheck disable=SC2086 # BENCH_SERVE_ARGS is a list of options on purpose
-"$PY" -m trtforge.model_repo.bench.serve_report --engine "$OUT/engine" --out "$OUT" ${BENCH_SERVE_ARGS:-} \
+"$PY" -m trtforge.bench.serve_report --engine "$OUT/engine" --out "$OUT" ${BENCH_SERVE_ARGS:-} \
   | tee "$OUT/report.txt"
 echo "total wall time: $(( $(date +%s) - start )) s; load average now $(cut -d' ' -f1-3 /proc/loadavg)"

@@ -23,7 +23,7 @@ import torch
 
 from trtforge.builder.build import build_engine
 from trtforge.builder.build_config import BuildConfig
-from trtforge.serving.core.sampling_params import SamplingParams
+from trtforge.config.sampling import SamplingParams
 from trtforge.serving.engine import LLMEngine
 
 

@@ -29,7 +29,7 @@ _LOAD = """
 import json, sys, time
 import torch
 from trtforge.serving.engine import LLMEngine
-from trtforge.serving.core.sampling_params import SamplingParams
+from trtforge.config.sampling import SamplingParams
 t0 = time.perf_counter()
 engine = LLMEngine.from_engine_dir(sys.argv[1])
 t1 = time.perf_counter()

@@ -19,22 +19,22 @@ from typing import Any, Iterable, Iterator
 
 import torch
 
-from trtforge.builder.build_config import parse_bytes
-from trtforge.builder.engine_dir import EngineConfig, read_engine_config
-from trtforge.builder.loader import load_tokenizer
-from trtforge.builder.report import kv_num_blocks
+from trtforge.config.fields import parse_bytes
+from trtforge.models.engine_dir import EngineConfig, read_engine_config
+from trtforge.models.loader import load_tokenizer
+from trtforge.models.kv_sizing import kv_num_blocks
 
-from .core.config import SchedulerConfig
-from .worker.cuda_graphs import DEFAULT_BATCH_SIZES
-from .detokenizer import IncrementalDetokenizer
-from .worker.executor import Executor, make_executor
-from .worker.model_inputs import prepare_inputs
-from .outputs import RequestMetrics, RequestOutput
-from .sampler import Sampler, SamplingState
-from .core.sampling_params import SamplingParams
-from .core.scheduler import EngineOverloaded, Scheduler, SchedulerOutput
-from .core.sequence import Sequence, SequenceStatus
-from .stop_checker import StopChecker
+from trtforge.config.scheduler import SchedulerConfig
+from trtforge.serving.worker.cuda_graphs import DEFAULT_BATCH_SIZES
+from trtforge.serving.detokenizer import IncrementalDetokenizer
+from trtforge.serving.worker.executor import Executor, make_executor
+from trtforge.serving.worker.model_inputs import prepare_inputs
+from trtforge.serving.outputs import RequestMetrics, RequestOutput
+from trtforge.serving.sampler import Sampler, SamplingState
+from trtforge.config.sampling import SamplingParams
+from trtforge.serving.core.scheduler import EngineOverloaded, Scheduler, SchedulerOutput
+from trtforge.serving.core.sequence import Sequence, SequenceStatus
+from trtforge.serving.stop_checker import StopChecker
 
 _STATUS = {"stop": SequenceStatus.FINISHED_STOPPED, "length": SequenceStatus.FINISHED_LENGTH,
            "abort": SequenceStatus.FINISHED_ABORTED, "error": SequenceStatus.FINISHED_ABORTED,
@@ -126,12 +126,12 @@ class LLMEngine:
                              "process; a tensor-parallel engine (tp_size > 1) keeps them in its ranks: "
                              "not supported yet, serve it co-located")
         if phase == "context":
-            from .kv_connector import make_exporter
+            from trtforge.serving.kv_connector import make_exporter
 
             self.kv_exporter = make_exporter(kv_connector, _kv_tensors(executor), sched.num_blocks,
                                              sched.block_size, handoff_timeout_s, kv_advertise_host)
         elif phase == "generation":
-            from .kv_connector import KVImporter
+            from trtforge.serving.kv_connector import KVImporter
 
             self.kv_importer = KVImporter()
         self.engine_config = cfg

@@ -22,7 +22,7 @@ from dataclasses import dataclass, field
 
 import torch
 
-from trtforge.serving.core.sampling_params import SamplingParams
+from trtforge.config.sampling import SamplingParams
 
 _NEG_INF = float("-inf")
 

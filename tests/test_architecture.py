@@ -1,4 +1,5 @@
-"""The architecture contract: plugins <- builder <- serving <- model_repo, serving.core free of torch.
+"""The architecture contract: config, plugins <- models <- builder <- serving <- model_repo <- frontend,
+bench <- cli; config and serving.core free of torch.
 
 The contract lives in pyproject.toml ([tool.importlinter]) and is checked with import-linter. Besides
 checking the tree as it is, the tests plant a forbidden import in a copy of the packages and show
@@ -17,7 +18,7 @@ import pytest
 
 ROOT = Path(__file__).resolve().parents[1]
 LINT_IMPORTS = Path(sys.executable).parent / "lint-imports"
-STAGES = ("plugins", "builder", "serving", "model_repo")
+STAGES = ("config", "plugins", "models", "builder", "serving", "model_repo", "frontend", "bench", "cli")
 
 
 def _lint(cwd: Path, pythonpath: Path | None = None) -> subprocess.CompletedProcess:
@@ -36,7 +37,7 @@ def test_the_tree_keeps_the_contract():
 
 @pytest.fixture()
 def package_copy(tmp_path: Path) -> Path:
-    """tmp/trtforge/<stage> copies of the four stages (no __pycache__)."""
+    """tmp/trtforge/<stage> copies of the stages (no __pycache__)."""
     for stage in STAGES:
         shutil.copytree(ROOT / stage, tmp_path / "trtforge" / stage,
                         ignore=shutil.ignore_patterns("__pycache__", "*.so"))
@@ -46,8 +47,13 @@ def package_copy(tmp_path: Path) -> Path:
 @pytest.mark.parametrize("module, line, broken", [
     ("plugins/paged_attention/reference.py", "import trtforge.serving.engine",
      "trtforge.plugins.paged_attention.reference -> trtforge.serving.engine"),
-    ("builder/engine_dir.py", "from trtforge.model_repo import interface",
-     "trtforge.builder.engine_dir -> trtforge.model_repo"),
+    ("models/engine_dir.py", "from trtforge.builder import checkpoint",
+     "trtforge.models.engine_dir -> trtforge.builder.checkpoint"),
+    ("model_repo/emit.py", "from trtforge.frontend import server",
+     "trtforge.model_repo.emit -> trtforge.frontend.server"),
+    ("frontend/server.py", "from trtforge.bench import serve",
+     "trtforge.frontend.server -> trtforge.bench.serve"),
+    ("config/scheduler.py", "import torch", "trtforge.config.scheduler -> torch"),
     ("serving/core/sequence.py", "import torch", "trtforge.serving.core.sequence -> torch"),
 ])
 def test_a_reversed_import_breaks_the_contract(package_copy: Path, module: str, line: str, broken: str):

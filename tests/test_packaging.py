@@ -19,9 +19,11 @@ def test_wheel_has_no_generic_top_level_names(tmp_path):
     tops = {name.split("/")[0] for name in zipfile.ZipFile(wheel).namelist()}
     assert tops == {"trtforge", wheel.name.split("-")[0] + "-" + wheel.name.split("-")[1] + ".dist-info"}
     names = zipfile.ZipFile(wheel).namelist()
-    for module in ("trtforge/builder/network.py", "trtforge/plugins/paged_attention/op.py",
+    for module in ("trtforge/models/network.py", "trtforge/config/scheduler.py", "trtforge/plugins/paged_attention/op.py",
                    "trtforge/serving/engine.py", "trtforge/serving/core/scheduler.py",
-                   "trtforge/model_repo/emit.py", "trtforge/model_repo/ensemble/1/model.py",
+                   "trtforge/model_repo/emit.py", "trtforge/model_repo/python_models/engine.py",
+                   "trtforge/model_repo/python_models/router.py", "trtforge/frontend/server.py",
+                   "trtforge/bench/offline.py", "trtforge/cli/main.py",
                    # the native CPU kernels' sources, built at first use
                    "trtforge/plugins/cpu/fused.c", "trtforge/plugins/cpu/linear.c",
                    "trtforge/plugins/native_vec.h", "trtforge/plugins/paged_attention/cpu_decode.c",
@@ -33,7 +35,7 @@ def test_wheel_has_no_generic_top_level_names(tmp_path):
 
 def test_generic_names_not_importable_outside_the_repo():
     code = ("import importlib.util, sys; import trtforge.serving.engine; "
-            "sys.exit(any(importlib.util.find_spec(m) for m in ('builder', 'serving', 'plugins', 'model_repo')))")
+            "sys.exit(any(importlib.util.find_spec(m) for m in ('config', 'models', 'builder', 'serving', 'plugins', 'model_repo', 'frontend', 'bench', 'cli')))")
     result = subprocess.run([sys.executable, "-c", code], cwd="/", capture_output=True, text=True)
     assert result.returncode == 0, result.stderr
 
@@ -62,7 +64,8 @@ def test_dockerfile_copies_only_what_exists():
     """hadolint cannot see a missing build-context path, and the image cannot be built here: a COPY
     of a folder that does not exist would only fail on `docker build`."""
     sources = _copy_sources(ROOT / "Dockerfile")
-    assert {"builder", "plugins", "serving", "model_repo", "pyproject.toml"} <= set(sources)
+    assert {"config", "plugins", "models", "builder", "serving", "model_repo", "frontend", "bench", "cli",
+            "pyproject.toml"} <= set(sources)
     missing = [s for s in sources if not (ROOT / s).exists()]
     assert not missing, f"Dockerfile COPYs paths that are not in the repository: {missing}"
 

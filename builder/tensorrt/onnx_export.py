@@ -29,7 +29,7 @@ from torch import nn
 
 from trtforge.plugins.paged_attention.metadata import AttentionMetadata
 
-from ..errors import BuildError
+from trtforge.models.errors import BuildError
 from trtforge.plugins.paged_attention.names import DOMAIN, OP_TYPE, QUALIFIED_NAME
 from trtforge.plugins.paged_attention.onnx_export import redirect_paged_attention, translation_table
 

@@ -17,7 +17,7 @@ import torch
 
 from trtforge.plugins.paged_attention.metadata import AttentionMetadata
 
-from .onnx_export import LOGITS, kv_input_name, kv_output_name
+from trtforge.builder.tensorrt.onnx_export import LOGITS, kv_input_name, kv_output_name
 
 # (sequence id, new tokens) per step: two prompts; both decode; seq 0 decodes while a third
 # prompt is prefilled in the same step.

@@ -18,10 +18,10 @@ import logging
 from pathlib import Path
 from typing import Any, Callable
 
-from ..build_config import BuildConfig
-from ..errors import BuildError
-from .options import TrtllmBuildOptions, check_block_size, trtllm_build_options
-from .versions import TARGET
+from trtforge.builder.build_config import BuildConfig
+from trtforge.models.errors import BuildError
+from trtforge.builder.trtllm.options import TrtllmBuildOptions, check_block_size, trtllm_build_options
+from trtforge.builder.trtllm.versions import TARGET
 
 log = logging.getLogger(__name__)
 
@@ -60,8 +60,8 @@ def trtllm_hook(checkpoint: str, build: BuildConfig) -> Callable[[Path, Any], No
     check_block_size(build.kv_block_size)
 
     def hook(tmp: Path, cfg: Any) -> None:
-        from .. import checkpoint as ckpt_mod
-        from ..report import kv_num_blocks
+        from trtforge.builder import checkpoint as ckpt_mod
+        from trtforge.models.kv_sizing import kv_num_blocks
 
         built = BuildConfig(**cfg.build)  # validated: max_seq_len filled
         blocks = kv_num_blocks(cfg.model, cfg.dtype, built.kv_block_size, built.kv_cache_bytes)

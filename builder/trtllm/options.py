@@ -21,8 +21,8 @@ from __future__ import annotations
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
-from ..build_config import BuildConfig
-from ..errors import BuildError
+from trtforge.builder.build_config import BuildConfig
+from trtforge.models.errors import BuildError
 
 TRTLLM_DTYPES = ("float16", "bfloat16", "float32")
 

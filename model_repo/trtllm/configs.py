@@ -10,9 +10,9 @@ from __future__ import annotations
 
 from tritonclient.grpc import model_config_pb2 as mc
 
-from . import upstream as U
-from .templates import Tensor
-from .values import TrtllmRepoOptions
+from trtforge.model_repo.trtllm import upstream as U
+from trtforge.model_repo.trtllm.templates import Tensor
+from trtforge.model_repo.trtllm.values import TrtllmRepoOptions
 
 def _input(t: Tensor) -> mc.ModelInput:
     io = mc.ModelInput(name=t.name, data_type=mc.DataType.Value(t.data_type), dims=list(t.dims),

@@ -28,13 +28,13 @@ from typing import Any
 
 from trtforge.builder.trtllm.versions import TARGET
 
-from .. import params as P
-from ..emit import _checked_bytes, _write_model, config_text
-from . import configs as C
-from .files import model_files, stale_models
-from .mapping import not_carried_over
-from .templates import differences, facts_of, read_template
-from .values import Phase, TrtllmRepoOptions, python_model_parameters, tensorrt_llm_parameters
+from trtforge.model_repo import params as P
+from trtforge.model_repo.emit import _checked_bytes, _write_model, config_text
+from trtforge.model_repo.trtllm import configs as C
+from trtforge.model_repo.trtllm.files import model_files, stale_models
+from trtforge.model_repo.trtllm.mapping import not_carried_over
+from trtforge.model_repo.trtllm.templates import differences, facts_of, read_template
+from trtforge.model_repo.trtllm.values import Phase, TrtllmRepoOptions, python_model_parameters, tensorrt_llm_parameters
 
 log = logging.getLogger(__name__)
 

@@ -20,7 +20,7 @@ from tritonclient.grpc import model_config_pb2 as mc
 
 from trtforge.builder.trtllm.versions import TARGET, version_mismatch
 
-from .files import MODEL_FILES
+from trtforge.model_repo.trtllm.files import MODEL_FILES
 
 
 def installed_tensorrt_llm() -> str | None:

@@ -20,7 +20,7 @@ from pathlib import Path
 
 from trtforge.builder.trtllm.versions import TARGET
 
-from .templates import Tensor
+from trtforge.model_repo.trtllm.templates import Tensor
 
 FACTS_FILE = Path(__file__).with_name(f"upstream_{TARGET.backend_release}.json")
 

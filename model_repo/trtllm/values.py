@@ -13,9 +13,9 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from trtforge.builder.build_config import parse_bytes
+from trtforge.config.fields import parse_bytes
 
-from . import upstream as U
+from trtforge.model_repo.trtllm import upstream as U
 
 
 @dataclass(frozen=True)

@@ -36,7 +36,7 @@ from torch import nn
 
 from trtforge.plugins import native
 
-from .fused import native_ok
+from trtforge.plugins.cpu.fused import native_ok
 
 ENV_VAR = "TRTFORGE_CPU_ONEDNN"
 GEMV_MAX_ROWS = 32

@@ -33,7 +33,7 @@ import torch
 
 from trtforge.plugins import native
 
-from .fused import native_ok
+from trtforge.plugins.cpu.fused import native_ok
 
 SCHEMES = ("int8_wo", "int4_wo")
 QMAX = {"int8_wo": 127, "int4_wo": 7}

@@ -3,10 +3,10 @@
 Importing this package registers `torch.ops.trtforge.paged_attention`.
 """
 
-from .metadata import AttentionMetadata
-from .op import (IMPLS, get_attention_impl, paged_attention, paged_attention_int8kv_op, paged_attention_op,
+from trtforge.plugins.paged_attention.metadata import AttentionMetadata
+from trtforge.plugins.paged_attention.op import (IMPLS, get_attention_impl, paged_attention, paged_attention_int8kv_op, paged_attention_op,
                  resolve_impl, set_attention_impl)
-from .reference import dequantize_kv, quantize_kv, write_kv
+from trtforge.plugins.paged_attention.reference import dequantize_kv, quantize_kv, write_kv
 
 __all__ = [
     "AttentionMetadata",

@@ -40,8 +40,8 @@ import threading
 import torch
 import torch.nn.functional as F
 
-from . import cpu_native
-from .reference import write_kv
+from trtforge.plugins.paged_attention import cpu_native
+from trtforge.plugins.paged_attention.reference import write_kv
 
 _workspace = threading.local()  # per thread: {(slot, dtype, device): flat scratch tensor}
 

@@ -19,7 +19,7 @@ from pathlib import Path
 
 import torch
 
-from .. import native
+from trtforge.plugins import native
 
 MAX_CONTEXT_TOKENS = 1 << 20
 """Largest sum of context lengths in a decode batch that the kernel takes (the torch path beyond)."""

@@ -18,8 +18,8 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from .names import QUALIFIED_NAME
-from .reference import paged_attention as reference_paged_attention
+from trtforge.plugins.paged_attention.names import QUALIFIED_NAME
+from trtforge.plugins.paged_attention.reference import paged_attention as reference_paged_attention
 
 
 def _run_node(q, k, v, kv_cache, slot_mapping, block_tables, seq_lens, query_start_loc,

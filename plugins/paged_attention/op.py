@@ -54,8 +54,8 @@ from typing import Callable
 import torch
 from torch._subclasses.fake_tensor import is_fake
 
-from . import cpu, reference
-from .metadata import AttentionMetadata
+from trtforge.plugins.paged_attention import cpu, reference
+from trtforge.plugins.paged_attention.metadata import AttentionMetadata
 
 log = logging.getLogger(__name__)
 

@@ -36,8 +36,8 @@ import tensorrt as trt
 import tensorrt.plugin as trtp
 import torch
 
-from .names import QUALIFIED_NAME as PLUGIN_ID  # namespace::name, as the registry knows it
-from .triton_kernels import paged_attention_triton
+from trtforge.plugins.paged_attention.names import QUALIFIED_NAME as PLUGIN_ID  # namespace::name, as the registry knows it
+from trtforge.plugins.paged_attention.triton_kernels import paged_attention_triton
 
 _TORCH_DTYPES = {trt.float32: torch.float32, trt.float16: torch.float16,
                  trt.bfloat16: torch.bfloat16, trt.int32: torch.int32, trt.int64: torch.int64}

@@ -14,7 +14,7 @@ from dataclasses import dataclass, replace
 
 import torch
 
-from .metadata import AttentionMetadata
+from trtforge.plugins.paged_attention.metadata import AttentionMetadata
 
 
 @dataclass
@@ -48,7 +48,7 @@ class PagedAttentionCase:
 
     def int8_kv(self) -> "PagedAttentionCase":
         """The same case with the pool quantised to int8 KV (reference.quantize_kv per token and head)."""
-        from .reference import quantize_kv
+        from trtforge.plugins.paged_attention.reference import quantize_kv
 
         q, scales = quantize_kv(self.kv_cache)
         return replace(self, kv_cache=q, kv_scales=scales)

@@ -44,7 +44,7 @@ def run_hf(ckpt: Path, ids: torch.Tensor, args, device: str) -> tuple[float, tor
 
 def run_trtforge(engine_dir: Path, ids: torch.Tensor, args, device: str) -> tuple[float, list]:
     from trtforge.serving.engine import LLMEngine
-    from trtforge.serving.core.sampling_params import SamplingParams
+    from trtforge.config.sampling import SamplingParams
 
     engine = LLMEngine.from_engine_dir(engine_dir, device=device)
     prompts = ids.tolist()

@@ -25,7 +25,7 @@ def check_arch(arch: str, args) -> dict:
     from transformers import AutoModelForCausalLM
 
     from trtforge.serving.engine import LLMEngine
-    from trtforge.serving.core.sampling_params import SamplingParams
+    from trtforge.config.sampling import SamplingParams
 
     # A small prefill chunk forces chunked prefill of the longer prompts.
     build_args = ["--max-batch-size", "8", "--max-num-tokens", "64", "--max-seq-len", "256",

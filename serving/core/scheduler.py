@@ -29,7 +29,7 @@ import itertools
 from collections import deque
 from dataclasses import dataclass, field
 
-from trtforge.serving.core.config import SchedulerConfig
+from trtforge.config.scheduler import SchedulerConfig
 from trtforge.serving.core.kv_cache_manager import KVCacheManager, PrefixHit
 from trtforge.serving.core.sequence import SeqId, Sequence, SequenceStatus
 

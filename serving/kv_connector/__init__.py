@@ -19,10 +19,10 @@ and read by the generation process) and `tcp` (hosts apart: the same staging, se
 The generation side's `KVImporter` takes either, by the handle's location.
 """
 
-from .handle import HandoffError, KVHandle
-from .importer import KVImporter
-from .shared_memory import SharedMemoryExporter, SharedMemoryImporter
-from .tcp import TcpExporter, TcpImporter, parse_address
+from trtforge.serving.kv_connector.handle import HandoffError, KVHandle
+from trtforge.serving.kv_connector.importer import KVImporter
+from trtforge.serving.kv_connector.shared_memory import SharedMemoryExporter, SharedMemoryImporter
+from trtforge.serving.kv_connector.tcp import TcpExporter, TcpImporter, parse_address
 
 
 def make_exporter(connector: str, kv_tensors, num_blocks: int, block_size: int,

@@ -4,9 +4,9 @@ from __future__ import annotations
 
 import torch
 
-from .handle import KVHandle
-from .shared_memory import SharedMemoryImporter
-from .tcp import TcpImporter
+from trtforge.serving.kv_connector.handle import KVHandle
+from trtforge.serving.kv_connector.shared_memory import SharedMemoryImporter
+from trtforge.serving.kv_connector.tcp import TcpImporter
 
 
 class KVImporter:

@@ -34,7 +34,7 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from .handle import HandoffError, KVHandle
+from trtforge.serving.kv_connector.handle import HandoffError, KVHandle
 
 MAGIC = b"TRTFKV01"
 HEADER_BYTES = 4096

@@ -28,8 +28,8 @@ from urllib.parse import urlsplit
 import numpy as np
 import torch
 
-from .handle import HandoffError, KVHandle
-from .shared_memory import SharedMemoryExporter, _layout
+from trtforge.serving.kv_connector.handle import HandoffError, KVHandle
+from trtforge.serving.kv_connector.shared_memory import SharedMemoryExporter, _layout
 
 _TIMEOUT_S = 30.0
 

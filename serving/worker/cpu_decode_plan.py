@@ -32,11 +32,11 @@ import torch
 
 from trtforge.plugins.cpu import fused as cpu_fused, linear as cpu_linear, quant_linear as cpu_quant
 from trtforge.plugins.cpu.linear import GEMV_MAX_ROWS, CpuLinear
-from trtforge.builder.quant_linear import QuantLinear
-from trtforge.builder.rope import rotary_cos_sin
+from trtforge.models.quantized_layers import QuantLinear
+from trtforge.models.rope import rotary_cos_sin
 from trtforge.plugins.paged_attention import cpu_native
 
-from .model_inputs import ModelInputs
+from trtforge.serving.worker.model_inputs import ModelInputs
 
 
 def _ptr(t: torch.Tensor | None) -> int | None:

@@ -18,7 +18,7 @@ from typing import Any
 
 import torch
 
-from .model_inputs import ModelInputs
+from trtforge.serving.worker.model_inputs import ModelInputs
 
 DEFAULT_BATCH_SIZES = (1, 2, 4, 8, 16, 32, 64, 128, 256)
 

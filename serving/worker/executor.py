@@ -10,13 +10,14 @@ from typing import Any, Protocol
 
 import torch
 
-from trtforge.builder.engine_dir import EngineConfig
+from trtforge.models.engine_dir import EngineConfig
 from trtforge.plugins.cpu.linear import cpu_linears_wanted, use_cpu_linears
-from trtforge.builder.loader import load_network, torch_dtype
+from trtforge.models.dtypes import torch_dtype
+from trtforge.models.loader import load_network
 
-from .cpu_decode_plan import CpuDecodePlan
-from .kv_pool import zeroed_pool
-from .model_inputs import ModelInputs
+from trtforge.serving.worker.cpu_decode_plan import CpuDecodePlan
+from trtforge.serving.worker.kv_pool import zeroed_pool
+from trtforge.serving.worker.model_inputs import ModelInputs
 
 
 class Executor(Protocol):
@@ -46,14 +47,14 @@ class NetworkExecutor:
             raise ValueError(f"this engine keeps its KV cache in int8 (--kv-cache-dtype int8), which only the CPU "
                              f"attention kernels read; run it with --device cpu, or rebuild without "
                              f"--kv-cache-dtype int8 for {self.device.type}.")
-        kv_dtype = torch.int8 if int8_kv else torch_dtype(cfg)
+        kv_dtype = torch.int8 if int8_kv else torch_dtype(cfg.dtype)
         self.kv_caches = [zeroed_pool(shape, kv_dtype, self.device) for _ in range(m.num_layers)]
         self.kv_scales = [zeroed_pool(shape[:4], torch.float32, self.device) for _ in range(m.num_layers)] \
             if int8_kv else None
         """int8 KV: per layer its float32 scales [2, blocks, block_size, Hkv] (plugins/paged_attention/op.py)."""
         self.graphs = None
         if graphs:
-            from .cuda_graphs import CudaGraphRunner
+            from trtforge.serving.worker.cuda_graphs import CudaGraphRunner
 
             self.graphs = CudaGraphRunner(network, self.kv_caches, cuda_graph_batch_sizes,
                                           -(-cfg.max_seq_len // cfg.block_size), num_blocks, cfg.block_size)
@@ -93,7 +94,7 @@ class NetworkExecutor:
 
 def _quantization(network: Any) -> str | None:
     """'int4_wo weights (group 128): C kernel on|OFF' for a quantized torch network, else None."""
-    from trtforge.builder.quant_linear import QuantLinear
+    from trtforge.models.quantized_layers import QuantLinear
     from trtforge.plugins.cpu import quant_linear as cpu_quant
 
     layers = [m for m in network.modules() if isinstance(m, QuantLinear)]
@@ -113,14 +114,14 @@ def make_executor(engine_dir: str, cfg: EngineConfig, num_blocks: int, device: s
         if cuda_graph_batch_sizes:
             raise ValueError("CUDA graphs are not supported with tensor parallelism (tp_size > 1) yet: run "
                              "without --cuda-graphs.")
-        from .tp_executor import TensorParallelExecutor
+        from trtforge.serving.worker.tp_executor import TensorParallelExecutor
 
         return TensorParallelExecutor(engine_dir, cfg, num_blocks, device)
     if cfg.backend == "tensorrt":
-        from .trt_executor import TensorRTNetwork
+        from trtforge.serving.worker.trt_executor import TensorRTNetwork
 
         return NetworkExecutor(TensorRTNetwork.from_engine_dir(engine_dir), cfg, num_blocks, "cuda")
     network = load_network(engine_dir, cfg, device)
-    if cpu_linears_wanted(torch.device(device), torch_dtype(cfg)):
+    if cpu_linears_wanted(torch.device(device), torch_dtype(cfg.dtype)):
         use_cpu_linears(network)
     return NetworkExecutor(network, cfg, num_blocks, device, cuda_graph_batch_sizes)

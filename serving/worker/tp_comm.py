@@ -23,11 +23,11 @@ import torch
 import torch.distributed as dist
 import torch.nn.functional as F
 
-from trtforge.builder.engine_dir import EngineConfig
-from trtforge.builder.tensor_parallel import TPShard
+from trtforge.models.engine_dir import EngineConfig
+from trtforge.models.tensor_parallel import TPShard
 from trtforge.plugins.paged_attention.metadata import AttentionMetadata
 
-from .model_inputs import ModelInputs
+from trtforge.serving.worker.model_inputs import ModelInputs
 
 STEP, PING, STOP, INIT = 1, 2, 3, 4
 HEADER = 8

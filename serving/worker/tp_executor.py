@@ -25,13 +25,13 @@ import weakref
 import torch
 import torch.distributed as dist
 
-from trtforge.builder.engine_dir import EngineConfig
+from trtforge.models.engine_dir import EngineConfig
 
-from . import tp_comm
-from .model_inputs import ModelInputs
-from .tp_launch import THREADS_ENV, Child, Launch, LaunchError, launch_from_env, open_store, spawn_ranks, stop_children, \
+from trtforge.serving.worker import tp_comm
+from trtforge.serving.worker.model_inputs import ModelInputs
+from trtforge.serving.worker.tp_launch import THREADS_ENV, Child, Launch, LaunchError, launch_from_env, open_store, spawn_ranks, stop_children, \
     wait_for_ranks
-from .tp_rank import load_rank
+from trtforge.serving.worker.tp_rank import load_rank
 
 
 class TensorParallelError(RuntimeError):

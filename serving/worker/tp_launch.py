@@ -32,7 +32,7 @@ from typing import Mapping
 
 import torch.distributed as dist
 
-from .tp_comm import TIMEOUT_ENV, timeout_s
+from trtforge.serving.worker.tp_comm import TIMEOUT_ENV, timeout_s
 
 THREADS_ENV = "TRTFORGE_TP_THREADS"
 PYTHON_ENV = "TRTFORGE_PYTHON"

@@ -13,20 +13,21 @@ import dataclasses
 
 import torch
 
-from trtforge.builder.engine_dir import EngineConfig
-from trtforge.builder.loader import load_network, torch_dtype
-from trtforge.builder.tensor_parallel import local_config, shard_of
+from trtforge.models.engine_dir import EngineConfig
+from trtforge.models.dtypes import torch_dtype
+from trtforge.models.loader import load_network
+from trtforge.models.tensor_parallel import local_config, shard_of
 from trtforge.plugins.cpu.linear import cpu_linears_wanted, use_cpu_linears
 
-from .executor import NetworkExecutor
-from .tp_comm import Collectives
+from trtforge.serving.worker.executor import NetworkExecutor
+from trtforge.serving.worker.tp_comm import Collectives
 
 
 def load_rank(engine_dir: str, cfg: EngineConfig, rank: int, num_blocks: int,
               device: torch.device) -> tuple[NetworkExecutor, Collectives]:
     shard = shard_of(cfg.model, cfg.tp_size, rank)
     network = load_network(engine_dir, cfg, device, rank=rank)
-    if cpu_linears_wanted(device, torch_dtype(cfg)):
+    if cpu_linears_wanted(device, torch_dtype(cfg.dtype)):
         use_cpu_linears(network)
     collectives = Collectives(shard, cfg.model.vocab_size)
     network.attach_collectives(collectives.all_reduce, collectives.gather_vocab)

@@ -76,7 +76,7 @@ class TensorRTNetwork:
     def from_engine_dir(cls, engine_dir: str | Path) -> "TensorRTNetwork":
         """Check TensorRT/GPU first (clear error), then engine.json, then load the plan."""
         _require_runtime()
-        from trtforge.builder.engine_dir import read_engine_config
+        from trtforge.models.engine_dir import read_engine_config
 
         return cls(engine_dir, read_engine_config(engine_dir))
 

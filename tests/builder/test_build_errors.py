@@ -13,7 +13,7 @@ from click.testing import CliRunner
 from safetensors.torch import load_file, save_file
 
 from tests.helpers.checkpoints import make_checkpoint
-from trtforge.builder.cli import build_engine
+from trtforge.cli.build import build_engine
 
 
 @pytest.fixture(scope="module")

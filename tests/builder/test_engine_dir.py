@@ -9,12 +9,14 @@ import pytest
 from click.testing import CliRunner
 
 from tests.helpers.checkpoints import make_checkpoint
-from trtforge.builder.build_config import BuildConfig, parse_bytes
-from trtforge.builder.engine_dir import read_engine_config
-from trtforge.builder.errors import EngineLoadError
-from trtforge.builder.model_config import ModelConfig
-from trtforge.builder.report import kv_bytes_per_token, make_report
-from trtforge.serving.cli import main
+from trtforge.builder.build_config import BuildConfig
+from trtforge.config.fields import parse_bytes
+from trtforge.models.engine_dir import read_engine_config
+from trtforge.models.errors import EngineLoadError
+from trtforge.models.model_config import ModelConfig
+from trtforge.builder.report import make_report
+from trtforge.models.kv_sizing import kv_bytes_per_token
+from trtforge.cli.main import main
 
 
 @pytest.fixture(scope="module")

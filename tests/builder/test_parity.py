@@ -15,7 +15,7 @@ from trtforge.builder.build import build_engine
 from trtforge.builder.build_config import BuildConfig
 from trtforge.serving.engine import LLMEngine
 from trtforge.serving.worker.model_inputs import prepare_inputs
-from trtforge.serving.core.sampling_params import SamplingParams
+from trtforge.config.sampling import SamplingParams
 from trtforge.serving.core.scheduler import ScheduledChunk, SchedulerOutput
 
 DEVICE = os.environ.get("TRTFORGE_TEST_DEVICE", "cpu")

@@ -14,10 +14,10 @@ from safetensors.torch import load_file
 from tests.helpers.checkpoints import make_checkpoint
 from trtforge.builder.build import build_engine
 from trtforge.builder.build_config import BuildConfig
-from trtforge.builder.errors import BuildError
-from trtforge.builder.quant_linear import QuantLinear
+from trtforge.models.errors import BuildError
+from trtforge.models.quantized_layers import QuantLinear
 from trtforge.plugins.cpu import quant_linear as ql
-from trtforge.serving.cli import main
+from trtforge.cli.main import main
 from trtforge.serving.engine import LLMEngine
 
 
@@ -126,7 +126,7 @@ def test_quantized_lm_head_and_embeddings(tmp_path, variant, head_scheme):
     the dequantised rows (each within its row's scale / 2 of the float one); an untied model keeps
     its float embedding table."""
     from tests.helpers.checkpoints import make_variant
-    from trtforge.builder.quant_linear import QuantEmbedding
+    from trtforge.models.quantized_layers import QuantEmbedding
     from trtforge.plugins.cpu.linear import GEMV_MAX_ROWS
 
     ckpt = make_variant(tmp_path / "ckpt", variant)

@@ -13,8 +13,8 @@ from safetensors.torch import load_file
 from tests.helpers.checkpoints import make_checkpoint
 from trtforge.builder.build import build_engine
 from trtforge.builder.build_config import BuildConfig
-from trtforge.builder.cli import build_engine as build_cli
-from trtforge.builder.errors import BuildError
+from trtforge.cli.build import build_engine as build_cli
+from trtforge.models.errors import BuildError
 
 OPTS = dict(dtype="float32", max_batch_size=4, max_num_tokens=64, kv_cache_memory="4MiB")
 

@@ -65,7 +65,7 @@ def served(engine_dir, tmp_path_factory):
                           extra_args=["--model-control-mode=explicit", "--load-model=*"])
     server.start()
     try:
-        from trtforge.serving.core.sampling_params import SamplingParams
+        from trtforge.config.sampling import SamplingParams
         from trtforge.serving.engine import LLMEngine
 
         engine = LLMEngine.from_engine_dir(engine_dir)

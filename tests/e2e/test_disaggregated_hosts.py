@@ -102,7 +102,7 @@ def hosts(engine_dir, tmp_path_factory):
                 "--only", "router", "--context-url", servers["context"].grpc,
                 "--generation-url", servers["generation"].grpc)
         servers["router"] = Server.start(root / "router", root / "router.log")
-        from trtforge.serving.core.sampling_params import SamplingParams
+        from trtforge.config.sampling import SamplingParams
         from trtforge.serving.engine import LLMEngine
 
         engine = LLMEngine.from_engine_dir(engine_dir)

@@ -43,7 +43,7 @@ class Api:
     engine_dir: Path
 
     def greedy(self, prompt: str, max_tokens: int = MAX_TOKENS, **params):
-        from trtforge.serving.core.sampling_params import SamplingParams
+        from trtforge.config.sampling import SamplingParams
 
         return self.engine.generate([prompt], SamplingParams(max_tokens=max_tokens, logprobs=0,
                                                              **params))[0]
@@ -295,8 +295,8 @@ def test_triton_gone_is_503_and_no_chat_template_is_400(api, tmp_path):
     """The same API, in process, on an engine copy without a chat template and a Triton address
     nothing listens on: the failures a client can meet when the model cannot answer."""
     from trtforge.model_repo.launcher import free_port
-    from trtforge.model_repo.openai.server import OpenAIServer, create_app
-    from trtforge.model_repo.openai.served_model import load_served_model
+    from trtforge.frontend.server import OpenAIServer, create_app
+    from trtforge.frontend.served_model import load_served_model
 
     engine = tmp_path / "no-template"
     shutil.copytree(api.engine_dir, engine)

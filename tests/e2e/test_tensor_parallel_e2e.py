@@ -56,7 +56,7 @@ def test_tp2_engine_served_by_tritonserver_matches_tp1(tmp_path):
     server = TritonServer(tmp_path / "repo", log_file=tmp_path / "tritonserver.log")
     server.start()
     try:
-        from trtforge.serving.core.sampling_params import SamplingParams
+        from trtforge.config.sampling import SamplingParams
         from trtforge.serving.engine import LLMEngine
 
         tp1 = LLMEngine.from_engine_dir(tmp_path / "tp1")  # the oracle, while the server loads

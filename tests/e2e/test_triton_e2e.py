@@ -62,7 +62,7 @@ def served(engine_dir, tmp_path_factory):
     try:
         # Build the oracle while the server loads the same engine.
         from trtforge.serving.engine import LLMEngine
-        from trtforge.serving.core.sampling_params import SamplingParams
+        from trtforge.config.sampling import SamplingParams
 
         engine = LLMEngine.from_engine_dir(engine_dir)
         outs = engine.generate(PROMPTS, SamplingParams(max_tokens=MAX_TOKENS))

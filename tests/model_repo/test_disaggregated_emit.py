@@ -8,7 +8,7 @@ from click.testing import CliRunner
 
 from tests.model_repo.test_emit import REQUIRED, engine_dir  # noqa: F401  (fixture)
 from trtforge.model_repo import phases as D
-from trtforge.model_repo.cli import emit_repo_command
+from trtforge.cli.triton import emit_repo_command
 from trtforge.model_repo.disaggregated import ROUTER_PY, PhaseOptions
 from trtforge.model_repo.emit import MODEL_PY, emit_repo, read_config
 

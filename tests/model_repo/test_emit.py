@@ -9,9 +9,9 @@ import pytest
 from click.testing import CliRunner
 from tritonclient.grpc import model_config_pb2 as mc
 
-from trtforge.serving.core.config import SchedulerConfig
+from trtforge.config.scheduler import SchedulerConfig
 from trtforge.model_repo import params as P
-from trtforge.model_repo.cli import emit_repo_command
+from trtforge.cli.triton import emit_repo_command
 from trtforge.model_repo.emit import MODEL_PY, emit_repo, engine_parameters, read_config
 
 # The ensemble interface TensorRT-LLM clients rely on.

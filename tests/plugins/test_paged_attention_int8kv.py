@@ -186,7 +186,7 @@ def test_kv_bytes_per_token_counts_int8_and_scales():
     (3.76x at D=64, 3.88x at D=128), vs bfloat16/float16 2D/(D+4) (1.88x, 1.94x)."""
     from types import SimpleNamespace
 
-    from trtforge.builder.report import kv_bytes_per_token
+    from trtforge.models.kv_sizing import kv_bytes_per_token
 
     for d in (64, 128):
         cfg = SimpleNamespace(num_layers=24, num_kv_heads=2, head_dim=d)

@@ -12,11 +12,11 @@ import pytest
 from tests.helpers.checkpoints import make_checkpoint
 from trtforge.builder.build import build_engine
 from trtforge.builder.build_config import BuildConfig
-from trtforge.serving.core.sampling_params import SamplingParams
+from trtforge.config.sampling import SamplingParams
 from trtforge.serving.engine import LLMEngine
 from trtforge.serving.kv_connector import HandoffError, KVHandle
 
-pytestmark = pytest.mark.usefixtures("one_thread")  # tests/serving/conftest.py
+pytestmark = pytest.mark.usefixtures("one_thread")  # tests/conftest.py
 
 PROMPTS = ["The quick brown fox jumps over the lazy dog.", "Hello, world!",
            "A somewhat longer prompt, so that its KV spans several blocks of the pool: one two three."]

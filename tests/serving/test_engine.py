@@ -12,18 +12,18 @@ from click.testing import CliRunner
 from tests.helpers.checkpoints import make_checkpoint
 from trtforge.builder.build import build_engine
 from trtforge.builder.build_config import BuildConfig
-from trtforge.serving.cli import main
+from trtforge.cli.main import main
 from trtforge.serving.core import kv_cache_manager
 from trtforge.serving.core.scheduler import EngineOverloaded
 from trtforge.serving.engine import LLMEngine
 from trtforge.serving.outputs import RequestOutput
-from trtforge.serving.core.sampling_params import SamplingParams
+from trtforge.config.sampling import SamplingParams
 
 MAX_SEQ_LEN = 64
 PROMPT = "The quick brown fox jumps over the lazy dog."
 
 
-pytestmark = pytest.mark.usefixtures("one_thread")  # tests/serving/conftest.py
+pytestmark = pytest.mark.usefixtures("one_thread")  # tests/conftest.py
 
 
 @pytest.fixture(scope="module")

@@ -18,16 +18,16 @@ import torch
 from tests.helpers.checkpoints import make_checkpoint
 from trtforge.builder.build import build_engine
 from trtforge.builder.build_config import BuildConfig
-from trtforge.builder.report import kv_bytes_per_token
+from trtforge.models.kv_sizing import kv_bytes_per_token
 from trtforge.serving.engine import LLMEngine
 from trtforge.serving.outputs import RequestOutput
-from trtforge.serving.core.sampling_params import SamplingParams
+from trtforge.config.sampling import SamplingParams
 
 BLOCK = 4
 TIE_GAP = 1e-4  # logprob gap under which two tokens count as tied (fp32 reduction-order noise)
 
 
-pytestmark = pytest.mark.usefixtures("one_thread")  # tests/serving/conftest.py
+pytestmark = pytest.mark.usefixtures("one_thread")  # tests/conftest.py
 
 
 @pytest.fixture(scope="module")

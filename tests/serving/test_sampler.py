@@ -16,7 +16,7 @@ from transformers import (
 )
 
 from trtforge.serving.sampler import Sampler, SamplingState, process_logits, sampling_probs
-from trtforge.serving.core.sampling_params import SamplingParams
+from trtforge.config.sampling import SamplingParams
 
 V = 64
 EOS = 3

@@ -9,7 +9,7 @@ import pytest
 from tests.helpers.tokenizers import byte_level_tokenizer
 from trtforge.serving.detokenizer import IncrementalDetokenizer
 from trtforge.serving.sampler import SamplingState
-from trtforge.serving.core.sampling_params import SamplingParams
+from trtforge.config.sampling import SamplingParams
 from trtforge.serving.stop_checker import StopChecker
 
 EOS = 0

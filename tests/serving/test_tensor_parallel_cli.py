@@ -14,13 +14,13 @@ import pytest
 from tests.helpers.checkpoints import make_checkpoint
 from trtforge.builder.build import build_engine
 from trtforge.builder.build_config import BuildConfig
-from trtforge.serving.core.sampling_params import SamplingParams
+from trtforge.config.sampling import SamplingParams
 from trtforge.serving.engine import LLMEngine
 from trtforge.serving.worker.tp_launch import free_port
 
 PROMPTS = ["the quick brown fox", "once upon a time there was"]
 MAX_TOKENS = 12
-CLI = [sys.executable, "-m", "trtforge.serving.cli"]
+CLI = [sys.executable, "-m", "trtforge.cli.main"]
 
 
 @pytest.fixture(scope="module")

@@ -12,8 +12,8 @@ import torch
 from click.testing import CliRunner
 
 from trtforge.builder.build_config import BACKENDS, BuildConfig
-from trtforge.builder.cli import build_engine as build_engine_cmd
-from trtforge.builder.errors import BuildError
+from trtforge.cli.build import build_engine as build_engine_cmd
+from trtforge.models.errors import BuildError
 from trtforge.builder.trtllm.options import trtllm_build_options
 from trtforge.builder.trtllm.versions import TARGET
 

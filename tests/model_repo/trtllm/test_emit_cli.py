@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from click.testing import CliRunner
 
-from trtforge.model_repo.cli import emit_repo_command
+from trtforge.cli.triton import emit_repo_command
 from trtforge.model_repo.emit import engine_parameters, read_config
 
 

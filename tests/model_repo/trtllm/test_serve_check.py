@@ -9,7 +9,7 @@ import pytest
 from click.testing import CliRunner
 
 from trtforge.builder.trtllm.versions import TARGET, version_mismatch
-from trtforge.model_repo.cli import serve_command
+from trtforge.cli.triton import serve_command
 from trtforge.model_repo.emit import emit_repo
 from trtforge.model_repo.trtllm.files import MODEL_FILES
 from trtforge.model_repo.trtllm.serve_check import check_trtllm_repo, engine_version

@@ -253,7 +253,7 @@ def test_quant_linear_takes_the_a8_kernel_for_prefill_too(scheme, group, monkeyp
     """QuantLinear (builder/quant_linear.py) with more than GEMV_MAX_ROWS rows: the int8-activation
     kernel (the integer reference) by default; with float activations the dequantise + GEMM path
     (the float product on the dequantised weights)."""
-    from trtforge.builder.quant_linear import QuantLinear
+    from trtforge.models.quantized_layers import QuantLinear
     from trtforge.plugins.cpu.linear import GEMV_MAX_ROWS
 
     k, n, rows = 256, 18, GEMV_MAX_ROWS * 3 + 5

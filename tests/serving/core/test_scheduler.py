@@ -5,7 +5,7 @@ import sys
 
 import pytest
 
-from trtforge.serving.core.config import ConfigError, SchedulerConfig
+from trtforge.config.scheduler import ConfigError, SchedulerConfig
 from trtforge.serving.core.scheduler import EngineOverloaded, Scheduler
 from trtforge.serving.core.sequence import Sequence, SequenceStatus as S
 
@@ -137,7 +137,7 @@ def test_config_for_engine_takes_limits_then_recorded_defaults_then_overrides():
 
 
 def test_runtime_modules_do_not_import_torch():
-    code = ("import sys; import trtforge.serving.core.config, trtforge.serving.core.sequence, "
+    code = ("import sys; import trtforge.config.scheduler, trtforge.serving.core.sequence, "
             "trtforge.serving.core.block_pool, trtforge.serving.core.kv_cache_manager, "
             "trtforge.serving.core.scheduler; assert 'torch' not in sys.modules, 'torch imported'")
     subprocess.run([sys.executable, "-c", code], check=True)

@@ -11,7 +11,7 @@ import random
 
 import pytest
 
-from trtforge.serving.core.config import SchedulerConfig
+from trtforge.config.scheduler import SchedulerConfig
 from trtforge.serving.core.scheduler import Scheduler
 from trtforge.serving.core.sequence import Sequence, SequenceStatus as S
 

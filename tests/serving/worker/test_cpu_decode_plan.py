@@ -12,7 +12,7 @@ from trtforge.builder.build import build_engine
 from trtforge.builder.build_config import BuildConfig
 from trtforge.plugins.cpu.linear import GEMV_MAX_ROWS
 from trtforge.serving.engine import LLMEngine
-from trtforge.serving.core.sampling_params import SamplingParams
+from trtforge.config.sampling import SamplingParams
 
 
 

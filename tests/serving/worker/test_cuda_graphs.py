@@ -13,7 +13,7 @@ from trtforge.builder.build import build_engine
 from trtforge.builder.build_config import BuildConfig
 from trtforge.serving.worker.cuda_graphs import CudaGraphRunner
 from trtforge.serving.engine import LLMEngine
-from trtforge.serving.core.sampling_params import SamplingParams
+from trtforge.config.sampling import SamplingParams
 
 PROMPTS = [[5, 6, 7], list(range(10, 40)), [9] * 17, list(range(50, 55))]
 

@@ -16,7 +16,7 @@ import torch
 from tests.helpers.checkpoints import make_checkpoint
 from trtforge.builder.build import build_engine
 from trtforge.builder.build_config import BuildConfig
-from trtforge.serving.core.sampling_params import SamplingParams
+from trtforge.config.sampling import SamplingParams
 from trtforge.serving.core.scheduler import ScheduledChunk, SchedulerOutput
 from trtforge.serving.engine import LLMEngine
 from trtforge.serving.worker.model_inputs import prepare_inputs

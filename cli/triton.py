@@ -1,0 +1,251 @@
+"""`trtforge emit-repo`, `trtforge serve` and `trtforge client` (Click commands)."""
+
+from __future__ import annotations
+
+import signal
+import sys
+from pathlib import Path
+
+import click
+
+from trtforge.config.fields import dataclass_options
+from trtforge.config.scheduler import SchedulerConfig
+from trtforge.model_repo import phases as D
+from trtforge.model_repo.params import ENGINE_FIELDS
+
+from trtforge.bench.serve import serve as bench_serve_command  # noqa: F401  (`trtforge bench serve`)
+from trtforge.cli.bench_soak import soak as bench_soak_command  # noqa: F401  (`trtforge bench soak`)
+from trtforge.bench.disagg_report import disaggregated as bench_disagg_command  # noqa: F401  (`trtforge bench disaggregated`)
+
+
+def _phase_options(fn):
+    """--context-… and --generation-… options of `emit-repo --disaggregated`."""
+    for phase in (D.GENERATION, D.CONTEXT):
+        dest = f"{phase}__"
+        fn = click.option(f"--{phase}-instances", dest + "instances", type=int, default=1,
+                          help=f"Instances (processes, each with its own engine) of the {phase} model. "
+                               "[default: 1]")(fn)
+        fn = click.option(f"--{phase}-cpu-threads", dest + "cpu_threads", type=int, default=None,
+                          help=D.PHASE_DOCS[D.CPU_THREADS])(fn)
+        fn = click.option(f"--{phase}-cpus", dest + "cpus", default="",
+                          help=f"{phase} model: " + D.PHASE_DOCS[D.CPUS])(fn)
+        fn = click.option(f"--{phase}-kv-cache-memory", dest + "kv_cache_memory", default=None,
+                          help=f"KV cache memory of the {phase} model, e.g. 512MiB "
+                               "(default: engine.json's budget).")(fn)
+        if phase == D.CONTEXT:
+            fn = click.option("--context-handoff-timeout-s", dest + "handoff_timeout_s", type=float,
+                              default=None, help=D.PHASE_DOCS[D.HANDOFF_TIMEOUT] + " [default: 30]")(fn)
+            fn = click.option("--context-kv-connector", dest + "kv_connector", default=None,
+                              help=D.PHASE_DOCS[D.KV_CONNECTOR] + " [default: shm]")(fn)
+            fn = click.option("--context-kv-advertise-host", dest + "kv_advertise_host", default=None,
+                              help=D.PHASE_DOCS[D.KV_ADVERTISE_HOST])(fn)
+        fn = dataclass_options(SchedulerConfig, only=D.scheduler_fields(phase), prefix=f"{phase}-",
+                               dest_prefix=dest,
+                               default_text="the engine's engine.json value, else {default}")(fn)
+    return fn
+
+
+@click.command("emit-repo")
+@click.argument("engine_dir", type=click.Path(exists=True, file_okay=False))
+@click.argument("repo_dir", type=click.Path(file_okay=False))
+@click.option("--device", default="cpu", show_default=True,
+              help="Device the engine runs on inside Triton: cpu | cuda | cuda:N.")
+@click.option("--triton-max-batch-size", type=int, default=None,
+              help="max_batch_size of the Triton model (the batch dimension clients send; one "
+                   "prompt per request). Default: the engine's max_batch_size.")
+@click.option("--exclude-input-in-output/--include-input-in-output", default=False,
+              show_default=True,
+              help="Default for requests that do not send exclude_input_in_output: leave the "
+                   "prompt out of non-streamed text_output (TensorRT-LLM includes it).")
+@click.option("--kv-cache-memory", default=None,
+              help="Memory for the paged KV cache, e.g. 512MiB (default: engine.json's budget).")
+@click.option("--trtllm-models-dir", type=click.Path(exists=True, file_okay=False), default=None,
+              help="--backend trtllm engines: TensorRT-LLM's all_models/inflight_batcher_llm to copy "
+                   "the python models' model.py from (default: the NGC image's /app/all_models/"
+                   "inflight_batcher_llm when it exists).")
+@click.option("--disaggregated", is_flag=True,
+              help="Separate context (prefill) and generation (decode) models behind the "
+                   "ensemble, each with its own --context-… / --generation-… parameters "
+                   "(trtllm engines: TensorRT-LLM's disaggregated repository, two GPUs).")
+@click.option("--only", type=click.Choice(["context", "generation", "router"]), default=None,
+              help="With --disaggregated: write just this model, for servers on different hosts "
+                   "(a context server with --context-kv-connector tcp://…, a generation server, and a "
+                   "router server with --context-url/--generation-url).")
+@click.option("--context-url", "context_urls", multiple=True,
+              help="--only router: gRPC HOST:PORT of a context server (repeatable).")
+@click.option("--generation-url", "generation_urls", multiple=True,
+              help="--only router: gRPC HOST:PORT of a generation server (repeatable).")
+@dataclass_options(SchedulerConfig, exclude=ENGINE_FIELDS, default_text="the engine's engine.json value, else {default}")
+@_phase_options
+def emit_repo_command(engine_dir: str, repo_dir: str, device: str,
+                      triton_max_batch_size: int | None, exclude_input_in_output: bool,
+                      kv_cache_memory: str | None, trtllm_models_dir: str | None,
+                      disaggregated: bool, only: str | None, context_urls: tuple[str, ...],
+                      generation_urls: tuple[str, ...], **options: object) -> None:
+    """Write a Triton model repository (model `ensemble`) serving ENGINE_DIR into REPO_DIR.
+
+    Scheduling options given here are written into ensemble/config.pbtxt as parameters; the
+    others get the engine's defaults. Edit them there later: the model checks them when loading.
+    With --disaggregated, the --context-… and --generation-… options go into context/ and
+    generation/config.pbtxt instead.
+    """
+    from trtforge.model_repo.emit import emit_repo  # noqa: PLC0415 - keeps `trtforge --help` fast
+
+    phase_opts = {k: v for k, v in options.items() if "__" in k}
+    scheduler = {k: v for k, v in options.items() if "__" not in k and v is not None}
+    try:
+        phases = _phase_values(phase_opts, disaggregated)
+        if (only or context_urls or generation_urls) and not disaggregated:
+            raise ValueError("--only, --context-url and --generation-url need --disaggregated")
+        if disaggregated:
+            phases.update(only=only, context_urls=",".join(context_urls),
+                          generation_urls=",".join(generation_urls))
+        repo = emit_repo(engine_dir, repo_dir, device=device,
+                         triton_max_batch_size=triton_max_batch_size,
+                         exclude_input_in_output=exclude_input_in_output,
+                         kv_cache_memory=kv_cache_memory,
+                         trtllm_models_dir=trtllm_models_dir, disaggregated=disaggregated,
+                         **phases, **scheduler)
+    except (ValueError, FileNotFoundError) as exc:
+        raise click.ClickException(str(exc)) from None
+    models = ({"context": "`context`", "generation": "`generation`", "router": "`ensemble` (router)"}[only]
+              if only else "`ensemble`, `context`, `generation`" if phases else "`ensemble`")
+    click.echo(f"Wrote Triton model repository {repo} (models {models}). "
+               f"Serve it with: trtforge serve {repo}")
+
+
+def _phase_values(options: dict[str, object], disaggregated: bool) -> dict[str, object]:
+    """{"context": PhaseOptions, "generation": PhaseOptions} from the --context-… / --generation-…
+    options (empty without --disaggregated, where giving one is an error)."""
+    given = sorted(k for k, v in options.items()
+                   if v is not None and v != "" and not (k.endswith("__instances") and v == 1))
+    if not disaggregated:
+        if given:
+            flags = ", ".join("--" + k.replace("__", "-").replace("_", "-") for k in given)
+            raise ValueError(f"{flags}: phase options need --disaggregated")
+        return {}
+    from trtforge.model_repo.disaggregated import PhaseOptions  # noqa: PLC0415
+
+    out = {}
+    for phase in (D.CONTEXT, D.GENERATION):
+        mine = {k.split("__", 1)[1]: v for k, v in options.items() if k.startswith(phase + "__")}
+        out[phase] = PhaseOptions(
+            scheduler={k: mine[k] for k in D.scheduler_fields(phase) if mine.get(k) is not None},
+            kv_cache_memory=mine.get("kv_cache_memory"), cpus=mine.get("cpus") or "",
+            cpu_threads=mine.get("cpu_threads"), instances=mine.get("instances") or 1,
+            handoff_timeout_s=mine.get("handoff_timeout_s"), kv_connector=mine.get("kv_connector"),
+            kv_advertise_host=mine.get("kv_advertise_host"))
+    return out
+
+
+class _Shutdown(Exception):
+    """Raised in the main thread by our SIGINT/SIGTERM handler."""
+
+
+def _raise_shutdown(signum: int, _frame: object) -> None:
+    raise _Shutdown(signal.Signals(signum).name)
+
+
+@click.command("serve")
+@click.argument("repo", type=click.Path(exists=True, file_okay=False))
+@click.option("--http-port", type=int, default=8000, show_default=True, help="0: any free port.")
+@click.option("--grpc-port", type=int, default=8001, show_default=True, help="0: any free port.")
+@click.option("--metrics-port", type=int, default=8002, show_default=True,
+              help="Prometheus /metrics port (0: any free port).")
+@click.option("--tritonserver", "tritonserver", default=None,
+              help="tritonserver executable. Default: $TRTFORGE_TRITONSERVER, then "
+                   "/opt/tritonserver/bin/tritonserver, then the one in the nvidia-pytriton wheel.")
+@click.option("--ready-timeout", type=float, default=600.0, show_default=True,
+              help="Seconds to wait for the models to load.")
+@click.option("--log-file", type=click.Path(dir_okay=False), default=None,
+              help="Write tritonserver's output here instead of the console.")
+@click.option("--openai-port", type=int, default=None,
+              help="Also serve an OpenAI-compatible API (/v1/completions, /v1/chat/completions, "
+                   "/v1/models, /health) on this port, forwarding to Triton (0: any free port).")
+@click.option("--openai-host", default="0.0.0.0", show_default=True,
+              help="Interface the OpenAI-compatible API listens on.")
+@click.option("--served-model-name", default=None,
+              help="Model id of the OpenAI-compatible API. Default: the engine directory's name.")
+def serve_command(repo: str, http_port: int, grpc_port: int, metrics_port: int,
+                  tritonserver: str | None, ready_timeout: float, log_file: str | None,
+                  openai_port: int | None, openai_host: str,
+                  served_model_name: str | None) -> None:
+    """Run Triton Inference Server on REPO in the foreground; Ctrl-C / SIGTERM stops it.
+
+    With --openai-port, an OpenAI-compatible API runs beside it, forwarding to Triton."""
+    from trtforge.model_repo.launcher import TritonServer  # noqa: PLC0415
+    from trtforge.frontend.service import OpenAIFrontend  # noqa: PLC0415
+
+    server = TritonServer(Path(repo), http_port=http_port, grpc_port=grpc_port,
+                          metrics_port=metrics_port, tritonserver=tritonserver,
+                          log_file=Path(log_file) if log_file else None)
+    frontend = OpenAIFrontend(repo, openai_host, openai_port, served_model_name)
+    previous = {s: signal.signal(s, _raise_shutdown) for s in (signal.SIGINT, signal.SIGTERM)}
+    try:
+        frontend.prepare()  # a repository it cannot serve fails before Triton starts
+        server.start()
+        server.wait_ready(ready_timeout)
+        click.echo(f"Triton is ready: HTTP http://{server.http_url}  gRPC {server.grpc_url}  "
+                   f"metrics {server.metrics_url}\n"
+                   f"  try: trtforge client --url {server.grpc_url} --prompt 'Hello' --stream")
+        banner = frontend.start(server.grpc_url)
+        if banner:
+            click.echo(banner)
+        code = server.process.wait()
+        raise click.ClickException(f"tritonserver exited on its own with code {code}; "
+                                   f"see its output above{' and ' + log_file if log_file else ''}.")
+    except _Shutdown as sig:
+        click.echo(f"{sig}: stopping Triton (in-flight requests get up to "
+                   f"{server.exit_timeout_s} s) …")
+    except (FileNotFoundError, RuntimeError, ValueError) as exc:
+        raise click.ClickException(str(exc)) from None
+    finally:
+        frontend.stop()
+        code = server.stop()
+        for sig, handler in previous.items():
+            signal.signal(sig, handler)
+    click.echo(f"Triton stopped (exit code {code}).")
+
+
+@click.command("client")
+@click.option("--url", default=None,
+              help="Server address. Default: localhost:8001 for gRPC, localhost:8000 for HTTP.")
+@click.option("--protocol", type=click.Choice(["grpc", "http"]), default="grpc",
+              show_default=True)
+@click.option("--prompt", required=True, help="Text to continue.")
+@click.option("--max-tokens", type=int, default=64, show_default=True)
+@click.option("--stream/--no-stream", default=False, show_default=True,
+              help="Print text as it is generated (gRPC stream or HTTP /generate_stream); "
+                   "otherwise one /generate-style answer.")
+@click.option("--temperature", type=float, default=None, help="0: greedy (the server default).")
+@click.option("--top-k", type=int, default=None)
+@click.option("--top-p", type=float, default=None)
+@click.option("--seed", type=int, default=None)
+@click.option("--stop-word", "stop_words", multiple=True, help="Stop string (repeatable).")
+@click.option("--model", default="ensemble", show_default=True)
+def client_command(url: str | None, protocol: str, prompt: str, max_tokens: int, stream: bool,
+                   temperature: float | None, top_k: int | None, top_p: float | None,
+                   seed: int | None, stop_words: tuple[str, ...], model: str) -> None:
+    """Send one prompt to a trtforge (or TensorRT-LLM) Triton server and print the answer."""
+    from tritonclient.utils import InferenceServerException  # noqa: PLC0415
+
+    from trtforge.model_repo import client  # noqa: PLC0415
+
+    url = url or ("localhost:8001" if protocol == "grpc" else "localhost:8000")
+    options = dict(temperature=temperature, top_k=top_k, top_p=top_p, seed=seed,
+                   stop_words=list(stop_words) or None, model=model)
+    try:
+        if protocol == "grpc":
+            for piece in client.stream_grpc(url, prompt, max_tokens, stream=stream, **options):
+                click.echo(piece, nl=False)
+                sys.stdout.flush()
+        elif stream:
+            for event in client.stream_http(url, prompt, max_tokens, **options):
+                click.echo(event.get("text_output", ""), nl=False)
+                sys.stdout.flush()
+        else:
+            click.echo(client.generate_http(url, prompt, max_tokens, **options)["text_output"],
+                       nl=False)
+    except (RuntimeError, TimeoutError, OSError, InferenceServerException) as exc:
+        raise click.ClickException(str(exc)) from None
+    click.echo()

@@ -1,0 +1,100 @@
+"""How an engine *runs*: device, KV memory, CUDA graphs, the disaggregated phase and its KV connector.
+
+Apart from what the model is (models/model_config.py), how it was built (builder/build_config.py)
+and how its requests are scheduled (scheduler.py). One documented dataclass: the string under each
+field is its help text, which the CLI options and the Triton model's config.pbtxt parameters read
+(`RuntimeConfig.field_docs()`); every default is written here and nowhere else.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import enum
+from dataclasses import dataclass
+from typing import Any, ClassVar, get_type_hints
+
+from trtforge.config.fields import field_docs, parse_bytes, parse_text
+
+
+class Phase(str, enum.Enum):
+    """Which part of a request an engine runs (TensorRT-LLM's names for disaggregated serving)."""
+
+    BOTH = "both"
+    """Prefill and decode here (co-located)."""
+    CONTEXT = "context"
+    """Prefill and the first token, then hand the KV over (RequestOutput.kv_handle)."""
+    GENERATION = "generation"
+    """Decode, continuing from KV a context engine handed over."""
+
+    def __str__(self) -> str:
+        return self.value
+
+
+SHARED_MEMORY_CONNECTOR = "shm"
+"""The KV connector of a context and a generation engine on one host."""
+
+
+@dataclass(frozen=True)
+class RuntimeConfig:
+    """Everything about running an engine directory that is not a scheduling choice."""
+
+    device: str = "cpu"
+    """Device the engine runs on: cpu | cuda | cuda:N."""
+    kv_cache_memory: str | None = None
+    """Memory for the paged KV cache, e.g. 512MiB or 4GiB (decides how many KV blocks exist).
+    None: the budget recorded in engine.json."""
+    cuda_graphs: bool = False
+    """Replay decode steps from CUDA graphs captured for batch sizes 1, 2, 4, … up to
+    max_batch_size (device cuda only)."""
+    verify_checksums: bool = True
+    """Check the sha256 of every engine file at load (engine.json records them)."""
+    phase: Phase = Phase.BOTH
+    """both (prefill and decode here) | context (prefill only, hands the KV over) | generation
+    (decode only, continues from handed-over KV)."""
+    kv_connector: str = SHARED_MEMORY_CONNECTOR
+    """Context phase: how the KV is handed over: shm (generation engine on this host) or
+    tcp://HOST:PORT (listen there, for generation servers on other hosts; port 0: any free port)."""
+    kv_advertise_host: str | None = None
+    """Context phase, tcp connector: the host name or address generation servers reach it at
+    (None: the listen host, or this host's name when it listens on 0.0.0.0)."""
+    handoff_timeout_s: float = 30.0
+    """Context phase: seconds a handed-over prefill's KV waits for the generation side before it
+    is freed."""
+
+    CHOICES: ClassVar[dict[str, tuple[str, ...]]] = {"phase": tuple(p.value for p in Phase)}
+
+    def __post_init__(self) -> None:
+        if not isinstance(self.phase, Phase):  # a plain string from a CLI flag or a parameter
+            if self.phase not in self.CHOICES["phase"]:
+                raise ValueError(f"phase={self.phase!r} is invalid: must be one of "
+                                 f"{', '.join(self.CHOICES['phase'])}")
+            object.__setattr__(self, "phase", Phase(self.phase))
+        if self.kv_cache_memory is not None:
+            parse_bytes(self.kv_cache_memory)  # ValueError naming a bad size
+        if not self.handoff_timeout_s > 0:
+            raise ValueError(f"handoff_timeout_s={self.handoff_timeout_s} is invalid: must be > 0")
+
+    @classmethod
+    def field_docs(cls) -> dict[str, str]:
+        """{field name: its docstring}, for --help texts and Triton config descriptions."""
+        return dict(field_docs(cls))
+
+    @classmethod
+    def from_text(cls, values: dict[str, str]) -> RuntimeConfig:
+        """From option strings (Triton parameters): names checked, values converted by the field's
+        type; empty strings keep the default."""
+        hints = get_type_hints(cls)
+        names = {f.name for f in dataclasses.fields(cls)}
+        unknown = sorted(set(values) - names)
+        if unknown:
+            raise ValueError(f"unknown runtime option(s) {unknown}; known: {', '.join(sorted(names))}")
+        typed: dict[str, Any] = {}
+        for name, text in values.items():
+            if text == "":
+                continue
+            typed[name] = parse_text(name, text, hints[name]) if name != "phase" else text
+        return cls(**typed)
+
+    def with_overrides(self, **overrides: Any) -> RuntimeConfig:
+        """A validated copy with some fields replaced."""
+        return dataclasses.replace(self, **overrides)

@@ -1,0 +1,184 @@
+"""POST /v1/completions and POST /v1/chat/completions.
+
+Both build a prompt, send it to the ensemble, and answer either at once (with `usage`) or as
+server-sent events ending in `data: [DONE]`. A streamed request waits for the model's first
+response before answering, so a request the model refuses (e.g. a prompt longer than the
+engine's max_seq_len) still gets its 400 status rather than a 200 stream holding an error.
+"""
+
+from __future__ import annotations
+
+import time
+import uuid
+from dataclasses import dataclass
+from typing import AsyncIterator, Callable
+
+from fastapi import Request, Response
+
+from trtforge.frontend.errors import APIError, model_not_found
+from trtforge.frontend.generation import Tally, chat_logprobs, completion_logprobs, ensemble_inputs
+from trtforge.frontend.responses import (ChatChoice, ChatChunkChoice, ChatCompletion, ChatCompletionChunk,
+                        ChatDelta, ChatResponseMessage, Completion, CompletionChoice)
+from trtforge.frontend.schemas import ChatCompletionRequest, CompletionRequest, SamplingFields
+from trtforge.frontend.served_model import ServedModel
+from trtforge.frontend.streaming import DONE, ClientGone, SSEResponse, sse, sse_error, unless_disconnected
+from trtforge.frontend.triton_bridge import Piece, TritonBridge
+
+COMPLETIONS_DEFAULT_MAX_TOKENS = 16  # OpenAI's default for the legacy completions API
+
+
+@dataclass
+class Call:
+    """One API request on its way through: ids, the tally, and the Triton stream."""
+
+    id: str
+    created: int
+    model: str
+    tally: Tally
+    pieces: AsyncIterator[Piece]
+    first: Piece | None = None
+
+    async def collect(self) -> None:
+        async for piece in self.pieces:
+            self.tally.add(piece)
+
+    async def start(self) -> None:
+        self.first = await self.pieces.__anext__()
+
+    async def rest(self) -> AsyncIterator[Piece]:
+        if self.first is not None:
+            yield self.first
+        async for piece in self.pieces:
+            yield piece
+
+
+async def _call(request: Request, body: SamplingFields, prompt: str, max_tokens: int,
+                prefix: str) -> Call:
+    served: ServedModel = request.app.state.served
+    bridge: TritonBridge = request.app.state.bridge
+    return Call(id=f"{prefix}-{uuid.uuid4().hex}", created=int(time.time()), model=served.name,
+                tally=Tally(served, prompt, max_tokens),
+                pieces=bridge.generate(ensemble_inputs(body, prompt, max_tokens)))
+
+
+def _check_model(request: Request, model: str) -> ServedModel:
+    served: ServedModel = request.app.state.served
+    if model != served.name:
+        raise model_not_found(model, served.name)
+    return served
+
+
+async def _stream(request: Request, call: Call, body: SamplingFields,
+                  chunks: Callable[[Piece, list[str]], str | None],
+                  head: str | None, tail: Callable[[str], str],
+                  usage_chunk: Callable[[], str]) -> Response:
+    """An SSE answer: head, one chunk per response with something in it, the finish chunk,
+    the usage chunk when asked, [DONE]. Errors before the first response get their status."""
+    try:
+        await unless_disconnected(request, call.start())
+    except ClientGone:
+        return Response(status_code=499)
+
+    async def events() -> AsyncIterator[str]:
+        try:
+            if head is not None:
+                yield head
+            async for piece in call.rest():
+                chunk = chunks(piece, call.tally.add(piece))
+                if chunk is not None:
+                    yield chunk
+            yield tail(call.tally.finish_reason())
+            if body.include_usage():
+                yield usage_chunk()
+            yield DONE
+        except APIError as exc:
+            yield sse_error(exc)
+        finally:
+            await call.pieces.aclose()  # type: ignore[attr-defined]
+
+    return SSEResponse(events())
+
+
+async def _collect(request: Request, call: Call) -> bool:
+    """Run the request to its end; False if the client left first."""
+    try:
+        await unless_disconnected(request, call.collect())
+    except ClientGone:
+        return False
+    return True
+
+
+async def create_completion(body: CompletionRequest, request: Request) -> Response | Completion:
+    """POST /v1/completions."""
+    _check_model(request, body.model)
+    max_tokens = body.max_tokens or COMPLETIONS_DEFAULT_MAX_TOKENS
+    call = await _call(request, body, body.prompt_text(), max_tokens, "cmpl")
+    want_logprobs = body.logprobs is not None
+    usage_excluded = None if body.include_usage() else {"usage"}
+
+    def chunk(choices: list[CompletionChoice]) -> Completion:
+        return Completion(id=call.id, created=call.created, model=call.model, choices=choices)
+
+    if body.stream:
+        offset = [0]
+
+        def piece_chunk(piece: Piece, texts: list[str]) -> str | None:
+            if not piece.text and not (want_logprobs and texts):
+                return None
+            logprobs = completion_logprobs(texts, piece.logprobs, offset[0]) if want_logprobs else None
+            offset[0] += len(piece.text)
+            return sse(chunk([CompletionChoice(text=piece.text, logprobs=logprobs)]), usage_excluded)
+
+        return await _stream(
+            request, call, body, piece_chunk, None,
+            lambda reason: sse(chunk([CompletionChoice(text="", finish_reason=reason)]), usage_excluded),
+            lambda: sse(chunk([]).model_copy(update={"usage": call.tally.usage()})))
+    if not await _collect(request, call):
+        return Response(status_code=499)
+    tally = call.tally
+    logprobs = completion_logprobs(tally.token_texts, tally.logprobs) if want_logprobs else None
+    answer = chunk([CompletionChoice(text=tally.text, logprobs=logprobs,
+                                     finish_reason=tally.finish_reason())])
+    return answer.model_copy(update={"usage": tally.usage()})
+
+
+async def create_chat_completion(body: ChatCompletionRequest,
+                                 request: Request) -> Response | ChatCompletion:
+    """POST /v1/chat/completions."""
+    served = _check_model(request, body.model)
+    prompt = served.chat_prompt(body.messages)
+    # Without a limit a reply may use the rest of the context (as OpenAI). A prompt that leaves
+    # no room is sent with 1 so that the engine refuses it with its own message.
+    max_tokens = body.token_limit() or max(1, served.max_seq_len - served.count_tokens(prompt))
+    call = await _call(request, body, prompt, max_tokens, "chatcmpl")
+    want_logprobs = bool(body.logprobs)
+    usage_excluded = None if body.include_usage() else {"usage"}
+
+    def chunk(choices: list[ChatChunkChoice]) -> ChatCompletionChunk:
+        return ChatCompletionChunk(id=call.id, created=call.created, model=call.model,
+                                   choices=choices)
+
+    if body.stream:
+        def piece_chunk(piece: Piece, texts: list[str]) -> str | None:
+            if not piece.text and not (want_logprobs and texts):
+                return None
+            logprobs = chat_logprobs(texts, piece.logprobs) if want_logprobs else None
+            return sse(chunk([ChatChunkChoice(delta=ChatDelta(content=piece.text),
+                                              logprobs=logprobs)]), usage_excluded)
+
+        head = sse(chunk([ChatChunkChoice(delta=ChatDelta(role="assistant", content=""))]),
+                   usage_excluded)
+        return await _stream(
+            request, call, body, piece_chunk, head,
+            lambda reason: sse(chunk([ChatChunkChoice(delta=ChatDelta(), finish_reason=reason)]),
+                               usage_excluded),
+            lambda: sse(chunk([]).model_copy(update={"usage": call.tally.usage()})))
+    if not await _collect(request, call):
+        return Response(status_code=499)
+    tally = call.tally
+    choice = ChatChoice(message=ChatResponseMessage(content=tally.text),
+                        logprobs=chat_logprobs(tally.token_texts, tally.logprobs)
+                        if want_logprobs else None,
+                        finish_reason=tally.finish_reason())
+    return ChatCompletion(id=call.id, created=call.created, model=call.model, choices=[choice],
+                          usage=tally.usage())

@@ -1,0 +1,166 @@
+"""One Triton request per API request, over Triton's gRPC streaming API (asyncio).
+
+Every request goes to the decoupled `ensemble` model as a stream (`stream=true`,
+`return_log_probs=true`): each response then carries one engine step's text and the
+log-probability of each token it added, so the endpoint can count completion tokens exactly and
+stream them, and the last response carries `num_input_tokens`/`num_output_tokens`.
+
+The call is made on tritonclient's generated gRPC stub (`tritonclient.grpc.service_pb2_grpc`) over
+a `grpc.aio` channel, with requests and results in tritonclient's own types. tritonclient's aio
+client (`tritonclient.grpc.aio.InferenceServerClient.stream_infer`) would do the same but refuses
+to set `triton_enable_empty_final_response`: without that flag a decoupled model's last response
+is dropped when it carries no output, and a stream could never learn that it had ended.
+
+Cancelling the iteration (client gone) cancels the gRPC call; Triton then marks the request
+cancelled, and the model aborts it and frees its KV blocks.
+"""
+
+from __future__ import annotations
+
+import uuid
+from dataclasses import dataclass
+from typing import AsyncIterator
+
+import grpc
+import numpy as np
+from tritonclient.grpc import InferResult, service_pb2, service_pb2_grpc
+from tritonclient.utils import np_to_triton_dtype, serialize_byte_tensor
+
+from trtforge.model_repo.interface import ENSEMBLE
+from trtforge.frontend.errors import APIError, bad_request, server_error, unavailable
+
+_MAX_MESSAGE = (1 << 31) - 1  # as tritonclient: prompts and answers are not size-limited here
+_READY_TIMEOUT_S = 3.0
+# Words in the ensemble's (and Triton's) error messages that mean "not servable right now".
+# ("server busy": the engine's waiting queue is full, max_queue_size / max_queued_tokens.)
+_UNAVAILABLE_MARKERS = ("server busy", "being unloaded", "unknown model", "not ready",
+                        "is not found", "unavailable", "was unloaded")
+
+
+@dataclass
+class Piece:
+    """What one Triton response said."""
+
+    text: str
+    """New text (a delta)."""
+    logprobs: list[float]
+    """Log-probability of each token this response added, in order."""
+    final: bool
+    """The last response of the request."""
+    num_input_tokens: int | None = None
+    num_output_tokens: int | None = None
+
+
+def error_for_message(message: str) -> APIError:
+    """The API error for an error response of the model or of Triton."""
+    lowered = message.lower()
+    if lowered.startswith("bad request"):  # the ensemble's prefix for a request it refuses
+        return bad_request(message)
+    if any(marker in lowered for marker in _UNAVAILABLE_MARKERS):
+        return unavailable(f"The model cannot take this request now: {message}")
+    return server_error(f"Triton answered with an error: {message}")
+
+
+def error_for_rpc(exc: grpc.aio.AioRpcError, url: str) -> APIError:
+    """The API error for a failed gRPC call."""
+    code = exc.code()
+    if code in (grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.RESOURCE_EXHAUSTED,
+                grpc.StatusCode.DEADLINE_EXCEEDED):
+        return unavailable(f"Triton at {url} is unavailable or overloaded "
+                           f"({code.name}: {exc.details()}); retry later.")
+    if code == grpc.StatusCode.INVALID_ARGUMENT:
+        return bad_request(f"Triton refused the request: {exc.details()}")
+    return server_error(f"Triton call failed ({code.name}: {exc.details()})")
+
+
+def infer_request(model: str, arrays: dict[str, np.ndarray],
+                  request_id: str) -> service_pb2.ModelInferRequest:
+    """A streaming ModelInferRequest asking for an (empty, if need be) final response."""
+    request = service_pb2.ModelInferRequest(model_name=model, id=request_id)
+    for name, array in arrays.items():
+        tensor = request.inputs.add()
+        tensor.name = name
+        tensor.datatype = np_to_triton_dtype(array.dtype)
+        tensor.shape.extend(array.shape)
+        if tensor.datatype == "BYTES":
+            request.raw_input_contents.append(serialize_byte_tensor(array).item())
+        else:
+            request.raw_input_contents.append(np.ascontiguousarray(array).tobytes())
+    request.parameters["triton_enable_empty_final_response"].bool_param = True
+    return request
+
+
+def _optional_int(result: InferResult, name: str) -> int | None:
+    array = result.as_numpy(name)
+    return None if array is None else int(np.asarray(array).reshape(-1)[0])
+
+
+def piece_of(response: service_pb2.ModelInferResponse) -> Piece:
+    result = InferResult(response)
+    text = result.as_numpy("text_output")
+    logprobs = result.as_numpy("output_log_probs")
+    return Piece(
+        text=b"".join(np.asarray(text).reshape(-1)).decode("utf-8") if text is not None else "",
+        logprobs=[] if logprobs is None else [float(x) for x in np.asarray(logprobs).reshape(-1)],
+        final=response.parameters["triton_final_response"].bool_param,
+        num_input_tokens=_optional_int(result, "num_input_tokens"),
+        num_output_tokens=_optional_int(result, "num_output_tokens"),
+    )
+
+
+class TritonBridge:
+    """A gRPC channel to one tritonserver; create and close it inside the serving event loop."""
+
+    def __init__(self, url: str, model: str = ENSEMBLE) -> None:
+        self.url = url
+        self.model = model
+        self._channel = grpc.aio.insecure_channel(url, options=[
+            ("grpc.max_send_message_length", _MAX_MESSAGE),
+            ("grpc.max_receive_message_length", _MAX_MESSAGE)])
+        self._stub = service_pb2_grpc.GRPCInferenceServiceStub(self._channel)
+
+    async def close(self) -> None:
+        await self._channel.close()
+
+    async def ready(self) -> bool:
+        """Triton is up and the model is ready to take requests."""
+        try:
+            server = await self._stub.ServerReady(service_pb2.ServerReadyRequest(),
+                                                  timeout=_READY_TIMEOUT_S)
+            model = await self._stub.ModelReady(service_pb2.ModelReadyRequest(name=self.model),
+                                                timeout=_READY_TIMEOUT_S)
+        except grpc.aio.AioRpcError:
+            return False
+        return bool(server.ready and model.ready)
+
+    async def generate(self, arrays: dict[str, np.ndarray]) -> AsyncIterator[Piece]:
+        """Yield the request's responses until the final one; raise APIError on an error.
+
+        Closing or cancelling the iteration early cancels the request in Triton.
+        """
+        request = infer_request(self.model, arrays, f"openai-{uuid.uuid4().hex}")
+
+        async def one_request() -> AsyncIterator[service_pb2.ModelInferRequest]:
+            yield request
+
+        call = self._stub.ModelStreamInfer(one_request())
+        finished = False
+        try:
+            async for response in call:
+                if response.error_message:
+                    finished = True  # an error response is the request's last
+                    raise error_for_message(response.error_message)
+                piece = piece_of(response.infer_response)
+                finished = piece.final
+                yield piece
+                if finished:
+                    return
+            raise unavailable(f"Triton at {self.url} closed the stream before the request "
+                              "finished (is it shutting down?); retry later.")
+        except grpc.aio.AioRpcError as exc:
+            raise error_for_rpc(exc, self.url) from None
+        finally:
+            # A finished request's stream closes by itself (the request side is already
+            # closed); cancelling it then would race Triton's own completion of the request.
+            if not finished:
+                call.cancel()  # Triton marks the request cancelled; the model frees its blocks

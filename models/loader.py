@@ -1,0 +1,61 @@
+"""Load a verified engine directory into a runnable network (torch backend)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from trtforge.models.dtypes import torch_dtype
+from trtforge.models.engine_dir import EngineConfig
+from trtforge.models.errors import EngineLoadError
+from trtforge.models.network import CausalLM
+from trtforge.models.skip_init import build_on_meta, still_on_meta
+from trtforge.models.tensor_parallel import shard_of
+
+
+def load_network(directory: str | Path, cfg: EngineConfig, device: str | torch.device = "cpu",
+                 rank: int = 0) -> CausalLM:
+    """The network of tensor-parallel rank `rank` (the whole model when tp_size is 1); on its own it
+    computes partial sums: the runtime attaches the collectives (serving/worker/tp_executor.py)."""
+    from safetensors.torch import load_file
+
+    if not 0 <= rank < cfg.tp_size:
+        raise EngineLoadError(f"rank {rank} does not exist in {directory}: the engine has tp_size {cfg.tp_size}.")
+    weights = Path(directory) / f"rank{rank}.safetensors"
+    if not weights.is_file():
+        raise EngineLoadError(f"{directory} has no {weights.name} (backend {cfg.backend!r}); the torch "
+                              f"runtime needs the torch backend's weights.")
+    # Built on meta without initialisation, then the file's tensors assigned: on CPU they stay
+    # mapped from the page cache (safetensors maps the file), so loading copies nothing.
+    model = build_on_meta(lambda: _network(cfg, rank))
+    state = load_file(str(weights), device=str(device))
+    missing, unexpected = model.load_state_dict(state, strict=False, assign=True)
+    missing = sorted(set(missing) | set(still_on_meta(model)))  # e.g. a buffer the file lacks
+    if missing or unexpected:
+        raise EngineLoadError(f"{weights} does not fit the network: missing {missing[:5]}, unexpected "
+                              f"{unexpected[:5]}. Rebuild the engine.")
+    return model.eval()
+
+
+def _network(cfg: EngineConfig, rank: int = 0) -> CausalLM:
+    shard = shard_of(cfg.model, cfg.tp_size, rank) if cfg.tp_size > 1 else None
+    network = CausalLM(cfg.model, shard)
+    if cfg.quantization:  # the decoder's linears hold packed weights and scales (quant_linear.py)
+        from trtforge.models.quantized_layers import quantize_layers
+
+        quantize_layers(network, cfg.quantization, torch_dtype(cfg.dtype))
+    return network
+
+
+def load_tokenizer(directory: str | Path) -> Any:
+    from trtforge.models.plain_tokenizer import PlainTokenizer
+
+    plain = PlainTokenizer.load(directory)  # no transformers import for plain `tokenizers` checkpoints
+    if plain is not None:
+        return plain
+    from transformers import AutoTokenizer
+
+    return AutoTokenizer.from_pretrained(str(directory))
+

@@ -1,0 +1,171 @@
+"""The decoder's linear layers with weight-only quantized weights (build-engine --quantization).
+
+Which layers: the ones the network fuses — attention's qkv and o_proj, the MLP's gate_up (or up) and
+down — and, unless built with --no-quantize-lm-head, the LM head: int8 with one scale per vocabulary
+row whatever the scheme by default (the head's error reaches the logits unmixed, so it gets the finer step;
+--lm-head-quantization int4_wo makes it int4 per group instead;
+for a 0.5B model with a 151936-row tied head the float32 head was 60-74 % of a quantized decode
+step's bytes). It is the network's `head_linear`, stored as `head_linear.qweight`/`.scales`. A tied
+head is the embedding table: `QuantEmbedding` then looks tokens up in the same int8 rows and
+dequantises them (each embedding off by at most its row's scale / 2), so no float copy is kept.
+Norms, biases and an untied embedding table stay in the engine dtype (embeddings are only gathered
+a row at a time).
+
+How a `QuantLinear` computes (the quantisation math: plugins/cpu/quant_linear.py):
+  * float32 on CPU, any number of rows: the C kernel with the activation rows quantised to int8 per
+    block of 32 and integer dot products (W8A8 / W4A8) — decode steps and prefill chunks alike: on
+    the 2-core AMD EPYC (Zen 3) it is 1.1-3.5x as fast as the dequantise + oneDNN float32 GEMM
+    below at every row count measured (16-2048 rows of Qwen2.5-0.5B's four linears:
+    scripts/bench_quant_gemm.py, numbers in docs/quantization.md), and it never writes a float32
+    copy of the weights;
+  * TRTFORGE_QUANT_ACTIVATIONS=float or a K / int4 group that is not a multiple of 32: float
+    activations — up to GEMV_MAX_ROWS rows the C kernel dequantising the weights in registers, more
+    rows the weights dequantised by a C loop into a float32 scratch buffer, then oneDNN's GEMM (as
+    CpuLinear; plain F.linear where this torch lacks it);
+  * anything else (CUDA, float16/bfloat16, autograd, no compiler): the reference — dequantise in
+    torch, then F.linear. CUDA engines run this way: correct, but without a fused kernel.
+"""
+
+from __future__ import annotations
+
+import threading
+from typing import Any
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from trtforge.plugins.cpu import quant_linear as ql
+from trtforge.plugins.cpu.linear import GEMV_MAX_ROWS, cpu_linears_wanted, onednn_linear
+
+from trtforge.models.model_config import ModelConfig
+
+QUANTIZED_LAYERS = ("attn.qkv", "attn.o_proj", "mlp.gate_up", "mlp.up", "mlp.down")
+"""Module paths inside a decoder layer whose weights are quantized (those the network has)."""
+
+_scratch = threading.local()  # one float32 buffer per thread for prefill's dequantised weights
+
+
+def _scratch_for(n: int, k: int) -> torch.Tensor:
+    buf = getattr(_scratch, "buf", None)
+    if buf is None or buf.numel() < n * k:
+        buf = _scratch.buf = torch.empty(n * k)
+    return buf[: n * k].view(n, k)
+
+
+class QuantLinear(nn.Module):
+    """y = x dequantize(qweight, scales)^T + bias. State: `qweight`, `scales` (float32), `bias`."""
+
+    def __init__(self, in_features: int, out_features: int, bias: bool, scheme: str, group_size: int):
+        super().__init__()
+        self.in_features, self.out_features = in_features, out_features
+        self.scheme, self.group = scheme, group_size if scheme == "int4_wo" else 0
+        if scheme == "int8_wo":
+            q_shape, s_shape, q_dtype = (out_features, in_features), (out_features,), torch.int8
+        else:
+            q_shape, s_shape, q_dtype = (out_features, in_features // 2), (out_features, in_features // group_size), torch.uint8
+        self.register_buffer("qweight", torch.empty(q_shape, dtype=q_dtype))
+        self.register_buffer("scales", torch.empty(s_shape, dtype=torch.float32))
+        self.bias = nn.Parameter(torch.empty(out_features)) if bias else None
+        self.gemv_only = False
+        """Never dequantise the whole layer (the LM head: a float32 copy of it would be as big as the
+        memory quantising it saves): with float activations, more rows run the GEMV GEMV_MAX_ROWS
+        rows at a time (the int8-activation kernel takes any number of rows anyway)."""
+
+    def extra_repr(self) -> str:
+        group = f", group_size={self.group}" if self.group else ""
+        return f"in_features={self.in_features}, out_features={self.out_features}, {self.scheme}{group}"
+
+    def dequantized(self, dtype: torch.dtype = torch.float32) -> torch.Tensor:
+        return ql.dequantize(self.qweight, self.scales, self.scheme, self.group, dtype)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        if ql.kernel_ok(x, self.in_features, self.group or 8):
+            rows = x.numel() // self.in_features
+            if rows <= GEMV_MAX_ROWS or ql.a8_ok(self.in_features, self.scheme, self.group):
+                return ql.gemv(x, self.qweight, self.scales, self.bias, self.scheme, self.group)
+            if self.gemv_only:
+                flat = x.reshape(rows, self.in_features)
+                return torch.cat([ql.gemv(flat[i:i + GEMV_MAX_ROWS], self.qweight, self.scales, self.bias,
+                                          self.scheme, self.group) for i in range(0, rows, GEMV_MAX_ROWS)]
+                                 ).view(*x.shape[:-1], self.out_features)
+            w = ql.dequantize_into(_scratch_for(self.out_features, self.in_features), self.qweight, self.scales,
+                                   self.scheme, self.group)
+            if cpu_linears_wanted(x.device, x.dtype):
+                return onednn_linear(x, w, self.bias)
+            return F.linear(x, w, self.bias)
+        return F.linear(x, self.dequantized(x.dtype), self.bias)  # the reference
+
+
+class QuantEmbedding(nn.Module):
+    """Token embeddings read from a quantized tied LM head: int8 with one scale per vocabulary row
+    (row t = qweight[t] * scales[t]) or int4 per group (the looked-up rows unpacked, each group times
+    its scale), in `dtype`. Holds no tensors of its own (the head owns them)."""
+
+    def __init__(self, head: QuantLinear, dtype: torch.dtype):
+        super().__init__()
+        self._head = (head,)  # a tuple: not a submodule, so the state dict names the tensors once
+        self.dtype = dtype
+
+    def forward(self, input_ids: torch.Tensor, out: torch.Tensor | None = None) -> torch.Tensor:
+        head = self._head[0]
+        rows = head.qweight.index_select(0, input_ids)
+        scales = head.scales.index_select(0, input_ids).unsqueeze(-1)
+        if head.scheme == "int4_wo":  # [T, K/2] packed → [T, groups, group] codes
+            t = rows.shape[0]
+            rows = ql.unpack_int4(rows).view(t, -1, head.group)
+            if out is not None:
+                torch.mul(rows, scales, out=out.view(t, -1, head.group))
+                return out
+            return (rows * scales).view(t, -1).to(self.dtype)
+        if out is not None:  # float32 [T, H] (the CPU decode plan's buffer)
+            return torch.mul(rows, scales, out=out)
+        return (rows * scales).to(self.dtype)
+
+
+def quantized_in_features(cfg: ModelConfig) -> dict[str, int]:
+    """{layer path: in_features} of the layers --quantization touches, for the build's shape checks."""
+    mlp = "mlp.gate_up" if cfg.gated_mlp else "mlp.up"
+    return {"attn.qkv": cfg.hidden_size, "attn.o_proj": cfg.q_size, mlp: cfg.hidden_size,
+            "mlp.down": cfg.intermediate_size}
+
+
+def quantize_layers(network: nn.Module, quantization: dict[str, Any], dtype: torch.dtype = torch.float32) -> nn.Module:
+    """Replace the decoder's nn.Linear layers named in QUANTIZED_LAYERS by QuantLinears of the same
+    shape (engine.json's `quantization`: scheme, group_size), in place; build on meta, then load.
+    quantization["lm_head"] ("int8_wo"; absent in engines built before it: None): the LM head too,
+    as `network.head_linear` (a tied embedding then reads it: QuantEmbedding, in `dtype`)."""
+    cfg = network.cfg
+    if quantization.get("lm_head"):
+        head = QuantLinear(cfg.hidden_size, cfg.vocab_size, False, quantization["lm_head"],
+                           int(quantization.get("lm_head_group_size") or 0))
+        head.gemv_only = True
+        network.head_linear = head
+        if cfg.tie_word_embeddings:
+            network.embed_tokens = QuantEmbedding(head, dtype)
+        else:
+            del network.lm_head
+    for layer in network.layers:
+        for path in QUANTIZED_LAYERS:
+            parent_name, _, name = path.rpartition(".")
+            parent = layer.get_submodule(parent_name)
+            old = getattr(parent, name, None)
+            if isinstance(old, nn.Linear):
+                setattr(parent, name, QuantLinear(old.in_features, old.out_features, old.bias is not None,
+                                                  quantization["scheme"], int(quantization.get("group_size") or 0)))
+    return network
+
+
+def quantized_head_source(cfg: ModelConfig, quantization: dict[str, Any] | None) -> str | None:
+    """The converted tensor stored as the quantized LM head (`head_linear.qweight`/`.scales`):
+    lm_head.weight, or embed_tokens.weight when tied; None when the head is not quantized."""
+    if not quantization or not quantization.get("lm_head"):
+        return None
+    return "embed_tokens.weight" if cfg.tie_word_embeddings else "lm_head.weight"
+
+
+def is_quantized_weight(name: str) -> bool:
+    """Whether converted tensor `name` (e.g. layers.3.attn.qkv.weight) is one --quantization stores packed."""
+    parts = name.split(".")
+    return (len(parts) == 5 and parts[0] == "layers" and parts[-1] == "weight"
+            and ".".join(parts[2:4]) in QUANTIZED_LAYERS)

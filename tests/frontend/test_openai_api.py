@@ -1,0 +1,146 @@
+"""The OpenAI-compatible API without a server: request models, what reaches the ensemble (read back
+by the model's own request parser), error mapping, usage and finish reasons, the schema."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+from pydantic import ValidationError
+
+from trtforge.frontend.errors import APIError, _field_path
+from trtforge.frontend.generation import (TOP_P_MOST_LIKELY, Tally, csv_field,
+                                                   ensemble_inputs)
+from trtforge.frontend.schemas import ChatCompletionRequest, CompletionRequest
+from trtforge.frontend.served_model import ServedModel
+from trtforge.frontend.server import create_app
+from trtforge.frontend.triton_bridge import Piece, error_for_message
+from trtforge.model_repo.request import parse_request, parse_words
+
+from tests.helpers.checkpoints import tokenizer as tiny_tokenizer
+
+# Stop strings as JSON can carry them: any text but lone surrogates (refused by the schema).
+stop_text = st.text(st.characters(exclude_categories=("Cs",)), min_size=1, max_size=12)
+
+
+@settings(max_examples=300, deadline=None)
+@given(st.lists(stop_text, min_size=1, max_size=4))
+def test_stop_strings_reach_the_ensemble_unchanged(stops):
+    """Each stop string is one CSV field the ensemble's stop_words parser reads back exactly,
+    commas, quotes, newlines and NULs included."""
+    array = np.array([[csv_field(w).encode("utf-8") for w in stops]], dtype=object)
+    assert parse_words(array, "stop_words") == stops
+
+
+def test_completion_request_maps_to_sampling_params():
+    body = CompletionRequest(model="m", prompt=["Hi"], max_tokens=5, top_p=0, seed=2**64 - 1,
+                             presence_penalty=0.5, frequency_penalty=-1, top_k=3,
+                             stop=["a,b", "\n"])
+    parsed = parse_request(ensemble_inputs(body, body.prompt_text(), 5))
+    p = parsed.params
+    assert parsed.prompt == "Hi" and parsed.stream and parsed.return_log_probs
+    assert (p.max_tokens, p.seed, p.top_k, p.stop) == (5, 2**64 - 1, 3, ["a,b", "\n"])
+    assert p.temperature == 1.0  # OpenAI's default, not the ensemble's greedy one
+    assert p.top_p == pytest.approx(TOP_P_MOST_LIKELY)  # OpenAI's 0: the most likely token
+    assert (p.presence_penalty, p.frequency_penalty) == (0.5, -1.0)
+    greedy = parse_request(ensemble_inputs(CompletionRequest(model="m", prompt="x",
+                                                             temperature=0), "x", 16))
+    assert greedy.params.is_greedy and greedy.params.stop == [] and greedy.params.min_tokens == 0
+    exact = CompletionRequest(model="m", prompt="x", ignore_eos=True, min_tokens=2)
+    assert parse_request(ensemble_inputs(exact, "x", 9)).params.min_tokens == 9
+    at_least = CompletionRequest(model="m", prompt="x", min_tokens=2)
+    assert parse_request(ensemble_inputs(at_least, "x", 9)).params.min_tokens == 2
+
+
+@pytest.mark.parametrize("fields, param, words", [
+    ({"n": 2}, "n", "n=2 is not supported"),
+    ({"logprobs": 1}, "logprobs", "send logprobs=0"),
+    ({"prompt": [1, 2]}, "prompt", "token-id prompts are not supported"),
+    ({"prompt": ["a", "b"]}, "prompt", "one text prompt"),
+    ({"prompt": "\ud800"}, "prompt", "unicode"),
+    ({"prompt": ""}, "prompt", "at least 1 character"),
+    ({"echo": True}, "echo", "not supported"),
+    ({"temperature": float("nan")}, "temperature", "finite"),
+    ({"seed": -1}, "seed", "greater than or equal to 0"),
+    ({"stop": ["x"] * 17}, "stop", "at most 16"),
+    ({"logit_bias": {"1": 2.0}}, "logit_bias", "not supported"),
+])
+def test_refused_completion_fields_name_themselves(fields, param, words):
+    with pytest.raises(ValidationError) as info:
+        CompletionRequest.model_validate({"model": "m", "prompt": "x", **fields})
+    errors = info.value.errors()
+    assert ".".join(_field_path(errors[0]["loc"])) == param
+    assert any(words in e["msg"] for e in errors), errors
+
+
+def test_chat_request_limits():
+    ok = {"model": "m", "messages": [{"role": "user", "content": "hi"}]}
+    assert ChatCompletionRequest.model_validate({**ok, "max_tokens": 3,
+                                                 "max_completion_tokens": 7}).token_limit() == 7
+    for fields in ({"top_logprobs": 2}, {"tools": [{"type": "function"}]}, {"messages": []},
+                   {"messages": [{"role": "user", "content": [{"type": "image_url"}]}]},
+                   {"response_format": {"type": "json_object"}}):
+        with pytest.raises(ValidationError):
+            ChatCompletionRequest.model_validate({**ok, **fields})
+
+
+@pytest.mark.parametrize("message, status", [
+    ("bad request: request triton-3: prompt of 9000 tokens ...", 400),
+    ("server busy, retry later: 8 requests are waiting for admission", 503),
+    ("the model is being unloaded; retry on another instance.", 503),
+    ("Request for unknown model: 'ensemble' is not found", 503),
+    ("engine step failed: RuntimeError: boom", 500),
+])
+def test_triton_errors_map_to_statuses(message, status):
+    error = error_for_message(message)
+    assert isinstance(error, APIError) and error.status == status
+    assert message in error.body.message
+
+
+def _served(tok=None, max_seq_len: int = 64) -> ServedModel:
+    return ServedModel(name="tiny", engine_dir=None, tokenizer=tok, max_seq_len=max_seq_len)
+
+
+def test_usage_and_finish_reason_from_the_ensemble_counts():
+    tally = Tally(_served(tiny_tokenizer()), "Hello world", max_tokens=3)
+    tally.add(Piece("He", [-0.5], final=False))
+    tally.add(Piece("", [-0.25, -1.0], final=True, num_input_tokens=2, num_output_tokens=3))
+    assert tally.text == "He" and tally.token_texts == ["He", "", ""]
+    assert tally.usage().model_dump() == {"prompt_tokens": 2, "completion_tokens": 3,
+                                          "total_tokens": 5}
+    assert tally.finish_reason() == "length"
+    # Without counts from the model: the engine's own prompt encoding, one log-prob per token.
+    tally = Tally(_served(tiny_tokenizer()), "Hello world", max_tokens=3)
+    tally.add(Piece("x", [-1.0], final=True))
+    expected = len(tiny_tokenizer().encode("Hello world", add_special_tokens=False))
+    assert (tally.usage().prompt_tokens, tally.usage().completion_tokens) == (expected, 1)
+    assert tally.finish_reason() == "stop"
+
+
+def test_chat_template_or_a_clear_400():
+    tok = tiny_tokenizer()
+    from trtforge.frontend.schemas import ChatMessage
+
+    messages = [ChatMessage(role="developer", content="Be brief."),
+                ChatMessage(role="user", content=[{"type": "text", "text": "Hi"}])]
+    prompt = _served(tok).chat_prompt(messages)
+    assert prompt == tok.apply_chat_template(
+        [{"role": "system", "content": "Be brief."}, {"role": "user", "content": "Hi"}],
+        tokenize=False, add_generation_prompt=True)
+
+    class NoTemplate:
+        chat_template = None
+
+    with pytest.raises(APIError) as info:
+        _served(NoTemplate()).chat_prompt(messages)
+    assert info.value.status == 400 and "no chat template" in info.value.body.message
+
+
+def test_openapi_schema_documents_400_not_422():
+    spec = create_app(_served(), "127.0.0.1:1").openapi()
+    for path in ("/v1/completions", "/v1/chat/completions"):
+        responses = spec["paths"][path]["post"]["responses"]
+        assert {"200", "400", "404", "503"} <= set(responses) and "422" not in responses
+    assert {"CompletionRequest", "ChatCompletionRequest", "ErrorResponse"} \
+        <= set(spec["components"]["schemas"])
