@@ -20,21 +20,24 @@ from trtforge.builder import checkpoint as ckpt_mod
 from trtforge.builder.architectures import spec_for
 from trtforge.builder.build_config import BuildConfig
 from trtforge.builder.convert import convert
-from trtforge.models.dtypes import DTYPE_BYTES, torch_dtype
 from trtforge.builder.convert_sharded import convert_sharded
+from trtforge.builder.hf_config import model_config_from_hf
+from trtforge.builder.report import BuildReport, make_report
+from trtforge.config.scheduler import SchedulerConfig
+from trtforge.models.dtypes import DTYPE_BYTES, torch_dtype
 from trtforge.models.engine_dir import EngineConfig, trtforge_version, write_engine_json
 from trtforge.models.errors import BuildError
-from trtforge.builder.hf_config import model_config_from_hf
 from trtforge.models.model_config import ModelConfig
-from trtforge.builder.report import BuildReport, make_report
 from trtforge.models.tensor_parallel import check_tensor_parallel, mapping
 
 
 def default_scheduling(build: BuildConfig) -> dict[str, Any]:
-    """Scheduler defaults recorded in engine.json; the runtime validates and may override them."""
+    """Scheduler defaults recorded in engine.json; the runtime validates and may override them.
+    The iteration budgets are the build's limits (as in TensorRT-LLM, an engine runs at what it
+    was built for unless told less); the prefill limits are SchedulerConfig's, capped by them."""
     return {"max_num_tokens": build.max_num_tokens, "max_batch_size": build.max_batch_size,
-            "prefill_chunk_size": min(512, build.max_num_tokens),
-            "prefill_max_seqs": min(64, build.max_batch_size)}
+            "prefill_chunk_size": min(SchedulerConfig.prefill_chunk_size, build.max_num_tokens),
+            "prefill_max_seqs": min(SchedulerConfig.prefill_max_seqs, build.max_batch_size)}
 
 
 def resolve_dtype(requested: str, model: ModelConfig) -> str:
@@ -80,7 +83,8 @@ def build_engine(checkpoint: str, output: str | Path, build: BuildConfig, force:
             raise BuildError(
                 f"--kv-cache-memory {build.kv_cache_memory} holds {report.kv_tokens} tokens, fewer than one "
                 f"sequence of --max-seq-len {build.max_seq_len} ({report.kv_bytes_per_token} bytes/token): raise "
-                f"--kv-cache-memory to at least {report.kv_bytes_per_token * build.max_seq_len} bytes or lower --max-seq-len.")
+                f"--kv-cache-memory to at least {report.kv_bytes_per_token * build.max_seq_len} bytes or lower "
+                f"--max-seq-len.")
         cfg = EngineConfig(model=model, build=build.to_dict(), dtype=dtype, backend=build.backend, quantization=quant,
                            scheduling={**default_scheduling(build), **(scheduling or {})},
                            versions={"trtforge": trtforge_version(), "torch": torch.__version__,
@@ -125,7 +129,7 @@ def _eos_ids(src: Path, from_config: list[int]) -> list[int]:
 
     try:
         eos = GenerationConfig.from_pretrained(str(src)).eos_token_id
-    except Exception:  # a malformed generation config only loses the extra stop ids
+    except Exception:  # noqa: BLE001 - a malformed generation config only loses the extra stop ids
         return from_config
     extra = eos if isinstance(eos, list) else ([] if eos is None else [eos])
     return list(dict.fromkeys([*from_config, *(int(e) for e in extra)]))

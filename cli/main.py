@@ -96,13 +96,14 @@ def generate(engine_dir: str, prompts: tuple[str, ...], prompts_file: str | None
              bad_words: tuple[str, ...], as_json: bool, device: str, cuda_graphs: bool, kv_cache_memory: str | None,
              schedule: tuple[str, ...], **sampling: Any) -> None:
     """Generate completions for all prompts together on the paged KV cache (greedy by default)."""
+    from trtforge.config.runtime import RuntimeConfig
     from trtforge.serving.engine import LLMEngine
 
     items = _read_prompts(prompts, prompts_file)
     try:
         base = SamplingParams(**pick(SamplingParams, sampling), stop=list(stop), bad_words=list(bad_words))
-        engine = LLMEngine.from_engine_dir(engine_dir, device=device, kv_cache_memory=kv_cache_memory,
-                                           cuda_graphs=cuda_graphs, **_parse_schedule(schedule))
+        runtime = RuntimeConfig(device=device, kv_cache_memory=kv_cache_memory, cuda_graphs=cuda_graphs)
+        engine = LLMEngine.from_engine_dir(engine_dir, runtime, **_parse_schedule(schedule))
         params = [dataclasses.replace(base, max_tokens=int(it.get("max_tokens", base.max_tokens))) for it in items]
         outs = engine.generate([it.get("prompt", it.get("input_ids")) for it in items], params)
     except (BuildError, ValueError, EngineOverloaded) as exc:

@@ -12,6 +12,7 @@ import dataclasses
 import enum
 from dataclasses import dataclass
 from typing import Any, ClassVar, get_type_hints
+from urllib.parse import urlsplit
 
 from trtforge.config.fields import field_docs, parse_bytes, parse_text
 
@@ -34,15 +35,23 @@ SHARED_MEMORY_CONNECTOR = "shm"
 """The KV connector of a context and a generation engine on one host."""
 
 
+def parse_address(address: str) -> tuple[str, int]:
+    """'tcp://HOST:PORT' (or 'HOST:PORT') → (host, port); ValueError for anything else."""
+    parts = urlsplit(address if "://" in address else f"tcp://{address}")
+    if parts.scheme != "tcp" or parts.hostname is None or parts.port is None:
+        raise ValueError(f"KV connector address {address!r} is invalid: write tcp://HOST:PORT")
+    return parts.hostname, parts.port
+
+
 @dataclass(frozen=True)
 class RuntimeConfig:
     """Everything about running an engine directory that is not a scheduling choice."""
 
     device: str = "cpu"
     """Device the engine runs on: cpu | cuda | cuda:N."""
-    kv_cache_memory: str | None = None
-    """Memory for the paged KV cache, e.g. 512MiB or 4GiB (decides how many KV blocks exist).
-    None: the budget recorded in engine.json."""
+    kv_cache_memory: str | int | None = None
+    """Memory for the paged KV cache, e.g. 512MiB or 4GiB (a plain integer is bytes; decides how
+    many KV blocks exist). None: the budget recorded in engine.json."""
     cuda_graphs: bool = False
     """Replay decode steps from CUDA graphs captured for batch sizes 1, 2, 4, … up to
     max_batch_size (device cuda only)."""
@@ -71,6 +80,8 @@ class RuntimeConfig:
             object.__setattr__(self, "phase", Phase(self.phase))
         if self.kv_cache_memory is not None:
             parse_bytes(self.kv_cache_memory)  # ValueError naming a bad size
+        if self.kv_connector != SHARED_MEMORY_CONNECTOR:
+            parse_address(self.kv_connector)  # ValueError naming a bad address
         if not self.handoff_timeout_s > 0:
             raise ValueError(f"handoff_timeout_s={self.handoff_timeout_s} is invalid: must be > 0")
 

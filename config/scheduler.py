@@ -24,15 +24,19 @@ class SchedulerConfig:
     """Per-iteration budgets and admission/preemption policy of the in-flight batching scheduler."""
 
     max_num_tokens: int = 8192
-    """Token budget of one iteration: decode tokens plus prefill tokens batched together."""
+    """Token budget of one iteration: decode tokens plus prefill tokens batched together. A built
+    engine records its build limit (build-engine --max-num-tokens) as its default."""
     max_batch_size: int = 256
-    """Most sequences running at once (admitted and holding KV) — the decode batch limit."""
+    """Most sequences running at once (admitted and holding KV) — the decode batch limit. A built
+    engine records its build limit (build-engine --max-batch-size) as its default."""
     prefill_max_tokens: int | None = None
     """Prefill token budget of one iteration (None: whatever max_num_tokens leaves after decodes)."""
-    prefill_chunk_size: int = 2048
-    """Most prompt tokens of one sequence computed in one iteration (0: whole prompt, no chunking)."""
+    prefill_chunk_size: int = 512
+    """Most prompt tokens of one sequence computed in one iteration (0: whole prompt, no chunking).
+    A built engine records at most its max_num_tokens."""
     prefill_max_seqs: int = 64
-    """Most sequences being prefilled (new or continuing chunks) in one iteration."""
+    """Most sequences being prefilled (new or continuing chunks) in one iteration. A built engine
+    records at most its max_batch_size."""
     prefill_order: str = "fcfs"
     """Admission order of waiting requests: fcfs (a request that does not fit blocks the ones behind
     it: no overtaking, no starvation) or shortest_first (fewest tokens first; long prompts can wait

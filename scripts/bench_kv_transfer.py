@@ -19,6 +19,7 @@ import time
 
 import torch
 
+from trtforge.config.runtime import RuntimeConfig
 from trtforge.serving.kv_connector import KVHandle, KVImporter, SharedMemoryExporter, TcpExporter
 
 LAYERS, KV_HEADS, HEAD_DIM, BLOCK = 24, 2, 64, 16
@@ -31,9 +32,9 @@ def pools(num_blocks: int) -> list[torch.Tensor]:
 def handoff(exporter, importer: KVImporter, src: list[torch.Tensor], dst: list[torch.Tensor],
             blocks: list[int], tokens: int) -> tuple[float, float, int]:
     t0 = time.perf_counter()
-    handle = exporter.export("bench", blocks, tokens, prompt_token_ids=[0] * tokens, first_token=0, seed=0)
+    handle = exporter.save_kv("bench", blocks, tokens, prompt_token_ids=[0] * tokens, first_token=0, seed=0)
     t1 = time.perf_counter()
-    importer.import_into(KVHandle.from_json(handle.to_json()), dst, blocks)
+    importer.load_kv(KVHandle.from_json(handle.to_json()), blocks)
     t2 = time.perf_counter()
     exporter.poll()
     assert torch.equal(dst[0][:, blocks], src[0][:, blocks]) and torch.equal(dst[-1][:, blocks], src[-1][:, blocks])
@@ -82,10 +83,12 @@ def main() -> None:
     nblocks = -(-args.tokens // BLOCK)
     src, dst = pools(nblocks * 2), pools(nblocks * 2)
     blocks = list(range(nblocks // 2, nblocks // 2 + nblocks))
-    importer = KVImporter()
+    importer = KVImporter(dst, BLOCK)
+    timeout_s = RuntimeConfig().handoff_timeout_s
     report = {"tokens": args.tokens, "blocks": nblocks, "repeat": args.repeat}
-    for name, make in (("shm", lambda: SharedMemoryExporter(src, nblocks * 2, BLOCK)),
-                       ("tcp_loopback", lambda: TcpExporter(src, nblocks * 2, BLOCK, listen="tcp://127.0.0.1:0"))):
+    for name, make in (("shm", lambda: SharedMemoryExporter(src, nblocks * 2, BLOCK, timeout_s)),
+                       ("tcp_loopback", lambda: TcpExporter(src, nblocks * 2, BLOCK, timeout_s,
+                                                            listen="tcp://127.0.0.1:0", advertise_host=None))):
         exporter = make()
         try:
             handoff(exporter, importer, src, dst, blocks, args.tokens)  # warm-up: faults the pages in

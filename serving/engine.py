@@ -1,16 +1,23 @@
-"""The engine: one schedule → execute → update loop, used by the CLI, the Triton
-adapter and the benchmarks alike.
+"""The engine: one schedule → execute → update loop, used by the CLI, the Triton adapter and the
+benchmarks alike.
 
-    add_request ──▶ Scheduler (ids, counts, block tables; no tensors)
+    add_request / add_handoff ──▶ _admit ──▶ Scheduler (ids, counts, block tables; no tensors)
                         │ schedule(): decodes first, then prefill chunks, within the token budget
+                        │ (handed-over requests: connector.load_kv into the blocks they got)
                         ▼
                     prepare_inputs ──▶ Executor (torch network | TensorRT) ──▶ logits
                         │
                     Sampler ──▶ Scheduler.update ──▶ detokenize + stop check ──▶ RequestOutput
+                        (context phase: the first token ends it, connector.save_kv → kv_handle)
+
+How it runs (device, KV memory, phase and KV connector) is its RuntimeConfig; how it schedules,
+its SchedulerConfig. A disaggregated engine (phase context or generation) moves KV through one
+KVConnector, whose hooks are the only KV-transfer code here.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import itertools
 import time
 from dataclasses import dataclass
@@ -20,29 +27,33 @@ from typing import Any, Iterable, Iterator
 import torch
 
 from trtforge.config.fields import parse_bytes
-from trtforge.models.engine_dir import EngineConfig, read_engine_config
-from trtforge.models.loader import load_tokenizer
-from trtforge.models.kv_sizing import kv_num_blocks
-
-from trtforge.config.scheduler import SchedulerConfig
-from trtforge.serving.worker.cuda_graphs import DEFAULT_BATCH_SIZES
-from trtforge.serving.detokenizer import IncrementalDetokenizer
-from trtforge.serving.worker.executor import Executor, make_executor
-from trtforge.serving.worker.model_inputs import prepare_inputs
-from trtforge.serving.outputs import RequestMetrics, RequestOutput
-from trtforge.serving.sampler import Sampler, SamplingState
+from trtforge.config.runtime import Phase, RuntimeConfig
 from trtforge.config.sampling import SamplingParams
+from trtforge.config.scheduler import SchedulerConfig
+from trtforge.models.engine_dir import EngineConfig, read_engine_config
+from trtforge.models.kv_sizing import kv_num_blocks
+from trtforge.models.loader import load_tokenizer
 from trtforge.serving.core.scheduler import EngineOverloaded, Scheduler, SchedulerOutput
 from trtforge.serving.core.sequence import Sequence, SequenceStatus
+from trtforge.serving.detokenizer import IncrementalDetokenizer
+from trtforge.serving.kv_connector import KVConnector, KVHandle, make_connector
+from trtforge.serving.outputs import FinishReason, RequestMetrics, RequestOutput
+from trtforge.serving.sampler import Sampler, SamplingState
 from trtforge.serving.stop_checker import StopChecker
+from trtforge.serving.worker.cuda_graphs import DEFAULT_BATCH_SIZES
+from trtforge.serving.worker.executor import Executor, make_executor
+from trtforge.serving.worker.model_inputs import prepare_inputs
 
-_STATUS = {"stop": SequenceStatus.FINISHED_STOPPED, "length": SequenceStatus.FINISHED_LENGTH,
-           "abort": SequenceStatus.FINISHED_ABORTED, "error": SequenceStatus.FINISHED_ABORTED,
-           "timeout": SequenceStatus.FINISHED_ABORTED, "handoff": SequenceStatus.FINISHED_STOPPED}
+_STATUS = {FinishReason.STOP: SequenceStatus.FINISHED_STOPPED,
+           FinishReason.LENGTH: SequenceStatus.FINISHED_LENGTH,
+           FinishReason.ABORT: SequenceStatus.FINISHED_ABORTED,
+           FinishReason.ERROR: SequenceStatus.FINISHED_ABORTED,
+           FinishReason.TIMEOUT: SequenceStatus.FINISHED_ABORTED,
+           FinishReason.HANDOFF: SequenceStatus.FINISHED_STOPPED}
 
-PHASES = ("both", "context", "generation")
-"""both: prefill and decode here (co-located). context: prefill and the first token, then hand the
-KV over (RequestOutput.kv_handle). generation: continue from handed-over KV (add_handoff)."""
+TopLogprobs = list[tuple[int, float]]
+Logprob = tuple[float, TopLogprobs]
+"""A sampled token's log-probability and its most likely alternatives (when requested)."""
 
 
 @dataclass
@@ -103,7 +114,7 @@ class _Request:
     metrics: RequestMetrics
     text: str = ""
     cum_logprob: float = 0.0
-    kv_handle: Any = None
+    kv_handle: KVHandle | None = None
     """Generation phase: the handoff whose KV this request waits for (None once imported)."""
 
 
@@ -113,37 +124,33 @@ def num_kv_blocks(cfg: EngineConfig, kv_cache_memory: str | int | None) -> int:
     return max(1, kv_num_blocks(cfg.model, cfg.dtype, cfg.block_size, budget, cfg.kv_cache_dtype))
 
 
+_RUNTIME_FIELDS = frozenset(f.name for f in dataclasses.fields(RuntimeConfig))
+
+
 class LLMEngine:
-    def __init__(self, cfg: EngineConfig, executor: Executor, tokenizer: Any, sched: SchedulerConfig,
-                 phase: str = "both", handoff_timeout_s: float = 30.0, kv_connector: str = "shm",
-                 kv_advertise_host: str | None = None):
-        if phase not in PHASES:
-            raise ValueError(f"phase={phase!r} is invalid: must be one of {', '.join(PHASES)}")
-        self.phase = phase
-        self.kv_exporter = self.kv_importer = None
-        if phase != "both" and not hasattr(executor, "kv_caches"):
-            raise ValueError(f"phase={phase} (disaggregated serving) hands over the KV pools of this "
-                             "process; a tensor-parallel engine (tp_size > 1) keeps them in its ranks: "
-                             "not supported yet, serve it co-located")
-        if phase == "context":
-            from trtforge.serving.kv_connector import make_exporter
+    """Requests in (add_request, add_handoff), one step() at a time, RequestOutputs out."""
 
-            self.kv_exporter = make_exporter(kv_connector, _kv_tensors(executor), sched.num_blocks,
-                                             sched.block_size, handoff_timeout_s, kv_advertise_host)
-        elif phase == "generation":
-            from trtforge.serving.kv_connector import KVImporter
-
-            self.kv_importer = KVImporter()
-        self.engine_config = cfg
+    def __init__(self, engine_config: EngineConfig, runtime: RuntimeConfig, executor: Executor,
+                 tokenizer: Any, scheduler_config: SchedulerConfig):
+        """`executor` runs `engine_config`'s network over scheduler_config.num_blocks KV blocks;
+        `runtime.phase` other than both also opens the phase's KV connector over its pools."""
+        self.engine_config = engine_config
+        self.runtime = runtime
+        self.phase = runtime.phase
         self.executor = executor
         self.tokenizer = tokenizer
-        self.scheduler_config = sched
-        self.scheduler = Scheduler(sched)
+        self.scheduler_config = scheduler_config
+        self.scheduler = Scheduler(scheduler_config)
         self.sampler = Sampler()
+        self.connector: KVConnector | None = None
+        """The KV connector of a disaggregated phase (context: exporter; generation: importer)."""
+        if self.phase is not Phase.BOTH:
+            self.connector = make_connector(runtime, _kv_tensors(executor, self.phase),
+                                            scheduler_config.num_blocks, scheduler_config.block_size)
         self._requests: dict[str, _Request] = {}  # by request id, which is also the seq_id
         self._pending: list[RequestOutput] = []
         self._ids = itertools.count()  # request ids for callers who give none
-        self._eos = tuple(cfg.model.eos_token_ids)
+        self._eos = tuple(engine_config.model.eos_token_ids)
         self.prompt_tokens_total = 0
         self.generation_tokens_total = 0
         self.requests_refused_total = 0
@@ -151,23 +158,24 @@ class LLMEngine:
         self._deadlines: dict[str, float] = {}  # request id -> monotonic time it times out
 
     @classmethod
-    def from_engine_dir(cls, path: str | Path, device: str | torch.device = "cpu",
-                        kv_cache_memory: str | int | None = None, verify_checksums: bool = True,
-                        cuda_graphs: bool = False, phase: str = "both", handoff_timeout_s: float = 30.0,
-                        kv_connector: str = "shm", kv_advertise_host: str | None = None,
-                        **scheduler_overrides: Any) -> "LLMEngine":
-        """Load an engine directory; scheduler parameters default to engine.json's and can be overridden.
-        cuda_graphs: replay decode steps from CUDA graphs captured for batch sizes 1, 2, 4, … up to
-        max_batch_size (device cuda only). phase: see PHASES (disaggregated serving); a context
-        engine hands its KV over through `kv_connector`: shm (one host) or tcp://HOST:PORT (listen
-        there; other hosts reach it at kv_advertise_host, default this host's name)."""
-        cfg = read_engine_config(path, verify_checksums=verify_checksums)
-        blocks = num_kv_blocks(cfg, kv_cache_memory)
+    def from_engine_dir(cls, path: str | Path, runtime: RuntimeConfig | None = None,
+                        **scheduler_overrides: Any) -> LLMEngine:
+        """Load an engine directory and run it as `runtime` says (default RuntimeConfig(): on the
+        CPU, co-located, engine.json's KV budget). Scheduler parameters default to engine.json's;
+        `scheduler_overrides` (SchedulerConfig fields) replace some."""
+        runtime = runtime or RuntimeConfig()
+        misplaced = sorted(_RUNTIME_FIELDS & set(scheduler_overrides))
+        if misplaced:
+            raise TypeError(f"{misplaced} are runtime options, not scheduler ones: pass "
+                            f"runtime=RuntimeConfig({misplaced[0]}=...)")
+        cfg = read_engine_config(path, verify_checksums=runtime.verify_checksums)
+        blocks = num_kv_blocks(cfg, runtime.kv_cache_memory)
         sched = SchedulerConfig.for_engine(cfg.build, cfg.scheduling, blocks, scheduler_overrides)
-        sizes = tuple(b for b in DEFAULT_BATCH_SIZES if b < sched.max_batch_size) + (sched.max_batch_size,)
-        executor = make_executor(str(path), cfg, blocks, device, sizes if cuda_graphs else ())
-        return cls(cfg, executor, load_tokenizer(path), sched, phase, handoff_timeout_s, kv_connector,
-                   kv_advertise_host)
+        graph_sizes: tuple[int, ...] = ()
+        if runtime.cuda_graphs:
+            graph_sizes = tuple(b for b in DEFAULT_BATCH_SIZES if b < sched.max_batch_size) + (sched.max_batch_size,)
+        executor = make_executor(str(path), cfg, blocks, runtime.device, graph_sizes)
+        return cls(cfg, runtime, executor, load_tokenizer(path), sched)
 
     # ---- requests ---------------------------------------------------------------------------
     def add_request(self, prompt: str | list[int], params: SamplingParams | None = None,
@@ -175,6 +183,26 @@ class LLMEngine:
         """Queue a request; raises ValueError with a clear message for a bad one (prompt +
         max_tokens beyond max_seq_len included), EngineOverloaded when the waiting queue is full
         (max_queue_size / max_queued_tokens: retry later)."""
+        return self._admit(prompt, params, request_id, arrival_time)
+
+    def add_handoff(self, handle: KVHandle, params: SamplingParams | None = None,
+                    request_id: str | None = None, arrival_time: float | None = None) -> str:
+        """Generation phase: continue a request whose prompt KV and first token a context engine
+        computed (`handle`: its KVHandle). The KV is copied in when the request is admitted; the
+        first token's text is not sent again. Errors as add_request; the handle is released on
+        any error (the context side frees its blocks)."""
+        if self.phase is not Phase.GENERATION:
+            raise ValueError(f"add_handoff needs an engine in the generation phase (this one: {self.phase})")
+        try:
+            return self._admit(list(handle.prompt_token_ids), params, request_id, arrival_time, handle)
+        except BaseException:
+            self.connector.request_finished(handle)
+            raise
+
+    def _admit(self, prompt: str | list[int], params: SamplingParams | None, request_id: str | None,
+               arrival_time: float | None, handoff: KVHandle | None = None) -> str:
+        """The one admission path: validate, build the request's state, queue its Sequence.
+        `handoff`: the request continues from a context engine's prefill and first token."""
         params = (params or SamplingParams()).validate()
         if params.bad_words:
             params = params.resolve_bad_words(self.tokenizer)
@@ -184,84 +212,55 @@ class LLMEngine:
             raise ValueError(f"request id {rid!r} is already in use by an unfinished request")
         arrival = arrival_time or time.monotonic()
         max_tokens = params.max_tokens
-        if self.phase == "context":  # computes the prompt and one token; the rest is elsewhere
+        if handoff is None and self.phase is Phase.CONTEXT:
+            # Computes the prompt and one token here; the rest must fit the generation engine.
             limit = self.scheduler_config.max_seq_len
             if len(ids) < limit and len(ids) + max_tokens > limit:
                 raise ValueError(f"request {rid}: prompt of {len(ids)} tokens + max_tokens="
                                  f"{max_tokens} exceeds max_seq_len={limit}; send max_tokens <= "
                                  f"{limit - len(ids)} for this prompt, or shorten the prompt")
             max_tokens = 1
-        # The scheduler's Sequence gets its own copy of the prompt: nothing it holds is shared.
+        if handoff is not None:
+            self.connector.check_handoff(handoff)
+        state = SamplingState(params=params, prompt_token_ids=ids, eos_token_ids=self._eos,
+                              seed=handoff.seed if handoff is not None else None)
+        req = _Request(rid, len(ids), state,
+                       IncrementalDetokenizer(self.tokenizer, ids, params.skip_special_tokens),
+                       StopChecker(self.scheduler_config.max_seq_len), RequestMetrics(arrival))
+        if handoff is not None:
+            first = int(handoff.first_token)
+            state.restore_generator(handoff.generator_state)
+            state.output_token_ids.append(first)
+            req.cum_logprob, req.kv_handle = handoff.cum_logprob, handoff
+            # Replay the first token (its text went out from the context side) so the detokenizer
+            # and the stop checker hold exactly the state they would hold co-located.
+            _, req.text = req.stop.check(state, first, req.detok.step([first]))
+        # The scheduler's Sequence gets its own copies: nothing it holds is shared.
         seq = Sequence(seq_id=rid, prompt_token_ids=list(ids), max_tokens=max_tokens,
-                       arrival_time=arrival)
+                       output_token_ids=list(state.output_token_ids), arrival_time=arrival,
+                       num_external_tokens=len(ids) if handoff is not None else 0)
         try:
             self.scheduler.add(seq)  # validates length and KV need, bounds the waiting queue
         except EngineOverloaded:
             self.requests_refused_total += 1
             raise
-        state = SamplingState(params=params, prompt_token_ids=ids, eos_token_ids=self._eos)
-        req = _Request(rid, len(ids), state,
-                       IncrementalDetokenizer(self.tokenizer, ids, params.skip_special_tokens),
-                       StopChecker(self.scheduler_config.max_seq_len), RequestMetrics(arrival))
         self._requests[rid] = req
         if params.timeout_s is not None:
             self._deadlines[rid] = arrival + params.timeout_s
-        self.prompt_tokens_total += len(ids)
-        return rid
-
-    def add_handoff(self, handle: Any, params: SamplingParams | None = None,
-                    request_id: str | None = None, arrival_time: float | None = None) -> str:
-        """Generation phase: continue a request whose prompt KV and first token a context engine
-        computed (`handle`: its KVHandle). The KV is copied in when the request is admitted; the
-        first token's text is not sent again. Errors as add_request; the handle is released on
-        any error (the context side frees its blocks)."""
-        if self.kv_importer is None:
-            raise ValueError(f"add_handoff needs an engine in the generation phase (this one: {self.phase})")
-        try:
-            params = (params or SamplingParams()).validate()
-            if params.bad_words:
-                params = params.resolve_bad_words(self.tokenizer)
-            ids = self._encode(list(handle.prompt_token_ids))
-            rid = request_id if request_id is not None else f"req-{next(self._ids)}"
-            if rid in self._requests:
-                raise ValueError(f"request id {rid!r} is already in use by an unfinished request")
-            if handle.block_size != self.scheduler_config.block_size or handle.num_tokens != len(ids):
-                raise ValueError(f"the handoff of {handle.request_id} does not fit this engine "
-                                 f"(block size {handle.block_size} vs {self.scheduler_config.block_size})")
-            first = int(handle.first_token)
-            arrival = arrival_time or time.monotonic()
-            seq = Sequence(seq_id=rid, prompt_token_ids=list(ids), max_tokens=params.max_tokens,
-                           output_token_ids=[first], arrival_time=arrival,
-                           num_external_tokens=len(ids))
-            self.scheduler.add(seq)
-        except BaseException:
-            self.kv_importer.release(handle)
-            raise
-        state = SamplingState(params=params, prompt_token_ids=ids, eos_token_ids=self._eos,
-                              seed=handle.seed)
-        state.restore_generator(handle.generator_state)
-        state.output_token_ids.append(first)
-        req = _Request(rid, len(ids), state,
-                       IncrementalDetokenizer(self.tokenizer, ids, params.skip_special_tokens),
-                       StopChecker(self.scheduler_config.max_seq_len), RequestMetrics(arrival),
-                       cum_logprob=handle.cum_logprob, kv_handle=handle)
-        # Replay the first token (its text went out from the context side) so the detokenizer and
-        # the stop checker hold exactly the state they would hold co-located.
-        _, req.text = req.stop.check(state, first, req.detok.step([first]))
-        self._requests[rid] = req
-        if params.timeout_s is not None:
-            self._deadlines[rid] = arrival + params.timeout_s
+        if handoff is None:  # a handed-over prompt was computed (and counted) on the context side
+            self.prompt_tokens_total += len(ids)
         return rid
 
     def poll(self) -> None:
-        """Housekeeping between steps when idle: free handoffs taken or past their deadline."""
-        if self.kv_exporter is not None:
-            self.kv_exporter.poll()
+        """Housekeeping between steps when idle: the connector frees handoffs taken or past their
+        deadline."""
+        if self.connector is not None:
+            self.connector.poll()
 
     def close(self) -> None:
         """Release what outlives the process otherwise (the context phase's shared segment)."""
-        if self.kv_exporter is not None:
-            self.kv_exporter.close()
+        if self.connector is not None:
+            self.connector.close()
 
     def _encode(self, prompt: str | list[int]) -> list[int]:
         if isinstance(prompt, str):
@@ -276,11 +275,13 @@ class LLMEngine:
             raise ValueError("the prompt is empty: at least one token is needed")
         return ids
 
-    def abort(self, request_id: str, reason: str = "abort", error: str | None = None) -> bool:
+    def abort(self, request_id: str, reason: FinishReason | str = FinishReason.ABORT,
+              error: str | None = None) -> bool:
         """Cancel a request and free its KV blocks; its final output comes with the next step()."""
         req = self._requests.get(request_id)
         if req is None:
             return False
+        reason = FinishReason(reason)
         self.scheduler.finish(request_id, _STATUS[reason])
         self._pending.append(self._finish(req, reason, [], "", error=error))
         return True
@@ -296,7 +297,7 @@ class LLMEngine:
         outputs, self._pending = self._pending, []
         sched = self.scheduler.schedule()
         if sched.kv_imports:
-            self._import_kv(sched)
+            self._load_kv(sched)
         if sched.is_empty:
             return outputs + self._drain_pending()
         now = time.monotonic()
@@ -308,7 +309,7 @@ class LLMEngine:
         except Exception as exc:  # a failing batch fails its requests, never the engine
             for chunk in sched.chunks:
                 if chunk.seq_id in self._requests:
-                    self.abort(chunk.seq_id, "error", f"{type(exc).__name__}: {exc}")
+                    self.abort(chunk.seq_id, FinishReason.ERROR, f"{type(exc).__name__}: {exc}")
             return outputs + self._drain_pending()
         self.scheduler.update(sched, sampled)
         done = time.monotonic()
@@ -324,14 +325,14 @@ class LLMEngine:
         for rid in [r for r, deadline in self._deadlines.items() if deadline <= now]:
             req = self._requests[rid]
             self.requests_timed_out_total += 1
-            self.abort(rid, "timeout", f"deadline exceeded: timeout_s={req.sampling.params.timeout_s:g} "
-                                       f"passed after {len(req.sampling.output_token_ids)} generated "
-                                       "tokens; the request was aborted (send a longer timeout_s "
-                                       "or a smaller max_tokens)")
+            self.abort(rid, FinishReason.TIMEOUT,
+                       f"deadline exceeded: timeout_s={req.sampling.params.timeout_s:g} passed after "
+                       f"{len(req.sampling.output_token_ids)} generated tokens; the request was "
+                       "aborted (send a longer timeout_s or a smaller max_tokens)")
 
-    def _import_kv(self, sched: SchedulerOutput) -> None:
-        """Copy handed-over KV into the blocks the scheduler gave it; a failed import fails that
-        request alone (its chunk leaves the batch)."""
+    def _load_kv(self, sched: SchedulerOutput) -> None:
+        """Hook (a): copy handed-over KV into the blocks the scheduler gave it; a failed import
+        fails that request alone (its chunk leaves the batch)."""
         failed = set()
         for imp in sched.kv_imports:
             req = self._requests.get(imp.seq_id)
@@ -339,10 +340,10 @@ class LLMEngine:
                 continue
             handle, req.kv_handle = req.kv_handle, None
             try:
-                self.kv_importer.import_into(handle, _kv_tensors(self.executor), imp.block_table)
+                self.connector.load_kv(handle, imp.block_table)
             except Exception as exc:  # noqa: BLE001 - expired handle, owner gone: this request only
                 failed.add(imp.seq_id)
-                self.abort(imp.seq_id, "error", f"KV handoff failed: {exc}")
+                self.abort(imp.seq_id, FinishReason.ERROR, f"KV handoff failed: {exc}")
         if failed:
             sched.chunks = [c for c in sched.chunks if c.seq_id not in failed]
 
@@ -350,7 +351,9 @@ class LLMEngine:
         out, self._pending = self._pending, []
         return out
 
-    def _execute(self, sched: SchedulerOutput) -> tuple[dict[int, int], dict[int, Any]]:
+    def _execute(self, sched: SchedulerOutput) -> tuple[dict[str, int], dict[str, Logprob]]:
+        """Run the batch and sample: {request id: token} and, where requested, {request id:
+        logprob}."""
         inputs = prepare_inputs(sched, self.scheduler_config.block_size, self.executor.device)
         logits = self.executor.execute(inputs)  # always: a non-sampling prefill chunk still writes KV
         if not inputs.sample_seq_ids:
@@ -362,7 +365,7 @@ class LLMEngine:
                                                          result.top_logprobs) if lp is not None}
         return sampled, logprobs
 
-    def _on_token(self, req: _Request, token: int, logprob: Any, now: float) -> RequestOutput:
+    def _on_token(self, req: _Request, token: int, logprob: Logprob | None, now: float) -> RequestOutput:
         m = req.metrics
         m.first_token_time = m.first_token_time or now
         m.token_times.append(now)
@@ -372,53 +375,60 @@ class LLMEngine:
             req.cum_logprob += logprob[0]
         delta = req.detok.step([token])
         reason, text = req.stop.check(req.sampling, token, delta)
-        lp = ([logprob[0]], [logprob[1]]) if logprob is not None else (None, None)
-        if reason is None and self.kv_exporter is not None:
-            return self._handoff(req, token, text, lp)
+        lps: list[float] | None = [logprob[0]] if logprob is not None else None
+        tops: list[TopLogprobs] | None = [logprob[1]] if logprob is not None else None
+        if reason is None and self.phase is Phase.CONTEXT:  # the prefill is done: hand it over
+            return self._save_kv(req, token, text, lps, tops)
         if reason is None:
             req.text += text
-            return RequestOutput(req.request_id, [token], text, list(req.sampling.output_token_ids),
-                                 req.text, False, None, req.num_prompt_tokens, m, lp[0], lp[1],
-                                 req.cum_logprob if logprob is not None else None)
+            return RequestOutput(request_id=req.request_id, new_token_ids=[token], text_delta=text,
+                                 output_token_ids=list(req.sampling.output_token_ids), text=req.text,
+                                 finished=False, finish_reason=None,
+                                 num_prompt_tokens=req.num_prompt_tokens, metrics=m, logprobs=lps,
+                                 top_logprobs=tops,
+                                 cum_logprob=req.cum_logprob if logprob is not None else None)
         if not isinstance(req.stop.stop_reason, str):  # not cut at a stop string: flush the tail
             text += req.stop.release(req.detok.flush())
         self.scheduler.finish(req.request_id, _STATUS[reason])
-        out = self._finish(req, reason, [token], text)
-        out.logprobs, out.top_logprobs = lp
-        return out
+        return self._finish(req, reason, [token], text, logprobs=lps, top_logprobs=tops)
 
-    def _handoff(self, req: _Request, token: int, text: str, lp: tuple) -> RequestOutput:
-        """Context phase: the prompt is computed and the first token sampled; export the KV and
-        end the request here (its pool blocks are freed; the copy waits in the connector)."""
+    def _save_kv(self, req: _Request, token: int, text: str, logprobs: list[float] | None,
+                 top_logprobs: list[TopLogprobs] | None) -> RequestOutput:
+        """Hook (b), context phase: the prompt is computed and the first token sampled; export the
+        KV and end the request here (its pool blocks are freed; the copy waits in the connector)."""
         blocks, computed = self.scheduler.kv_blocks(req.request_id)
         state = req.sampling
         try:
-            handle = self.kv_exporter.export(
+            handle = self.connector.save_kv(
                 req.request_id, blocks[:-(-computed // self.scheduler_config.block_size)], computed,
                 prompt_token_ids=list(state.prompt_token_ids), first_token=token, seed=state.seed,
                 generator_state=state.generator_state(), cum_logprob=req.cum_logprob)
         except Exception as exc:  # noqa: BLE001 - a full handoff area fails this request only
-            self.scheduler.finish(req.request_id, _STATUS["error"])
-            return self._finish(req, "error", [], "", error=f"KV handoff failed: {exc}")
-        self.scheduler.finish(req.request_id, _STATUS["handoff"])
-        out = self._finish(req, "handoff", [token], text)
-        out.logprobs, out.top_logprobs = lp
-        out.kv_handle = handle
-        return out
+            self.scheduler.finish(req.request_id, _STATUS[FinishReason.ERROR])
+            return self._finish(req, FinishReason.ERROR, [], "", error=f"KV handoff failed: {exc}")
+        self.scheduler.finish(req.request_id, _STATUS[FinishReason.HANDOFF])
+        return self._finish(req, FinishReason.HANDOFF, [token], text, logprobs=logprobs,
+                            top_logprobs=top_logprobs, kv_handle=handle)
 
-    def _finish(self, req: _Request, reason: str, new_ids: list[int], text: str,
-                error: str | None = None) -> RequestOutput:
-        if req.kv_handle is not None:  # ended before its handed-over KV was taken
-            self.kv_importer.release(req.kv_handle)
+    def _finish(self, req: _Request, reason: FinishReason, new_ids: list[int], text: str, *,
+                error: str | None = None, logprobs: list[float] | None = None,
+                top_logprobs: list[TopLogprobs] | None = None,
+                kv_handle: KVHandle | None = None) -> RequestOutput:
+        """The final output of a request whose Sequence the scheduler has finished."""
+        if self.connector is not None:  # hook (c): e.g. a handoff never imported is released
+            self.connector.request_finished(req.kv_handle)
             req.kv_handle = None
         req.metrics.finished_time = time.monotonic()
         req.text += text
         del self._requests[req.request_id]
         self._deadlines.pop(req.request_id, None)
-        return RequestOutput(req.request_id, new_ids, text, list(req.sampling.output_token_ids),
-                             req.text, True, reason, req.num_prompt_tokens, req.metrics,
-                             cum_logprob=req.cum_logprob if req.sampling.params.logprobs is not None else None,
-                             error=error, stop_reason=req.stop.stop_reason)
+        return RequestOutput(
+            request_id=req.request_id, new_token_ids=new_ids, text_delta=text,
+            output_token_ids=list(req.sampling.output_token_ids), text=req.text, finished=True,
+            finish_reason=reason, num_prompt_tokens=req.num_prompt_tokens, metrics=req.metrics,
+            logprobs=logprobs, top_logprobs=top_logprobs,
+            cum_logprob=req.cum_logprob if req.sampling.params.logprobs is not None else None,
+            error=error, stop_reason=req.stop.stop_reason, kv_handle=kv_handle)
 
     # ---- conveniences -----------------------------------------------------------------------
     def generate(self, prompts: Iterable[str | list[int]],
@@ -438,7 +448,7 @@ class LLMEngine:
             raise
         final: dict[str, RequestOutput] = {}
         lps: dict[str, list[float]] = {r: [] for r in rids}
-        tops: dict[str, list[Any]] = {r: [] for r in rids}
+        tops: dict[str, list[TopLogprobs]] = {r: [] for r in rids}
         while len(final) < len(rids):
             for out in self.step():
                 if out.logprobs is not None and out.request_id in lps:
@@ -462,22 +472,28 @@ class LLMEngine:
 
     def stats(self) -> EngineStats:
         sched, kv = self.scheduler, self.scheduler.kv_manager
-        stats = EngineStats(kv.num_used_blocks, kv.num_blocks, sched.num_running, sched.num_waiting,
-                            self.prompt_tokens_total, self.generation_tokens_total,
-                            sched.num_preemptions, kv.num_queried_tokens, kv.num_hit_tokens,
-                            self.requests_refused_total, self.requests_timed_out_total)
-        conn = self.kv_exporter or self.kv_importer
-        if conn is not None:
-            stats.kv_handoffs_total = conn.handoffs_done
-            stats.kv_handoff_bytes_total = conn.bytes_total
-            stats.kv_handoff_seconds_total = conn.seconds_total
-        if self.kv_exporter is not None:
-            stats.kv_handoffs_expired_total = self.kv_exporter.handoffs_expired
-            stats.kv_handoff_blocks_held = self.kv_exporter.blocks_held
+        stats = EngineStats(
+            kv_blocks_used=kv.num_used_blocks, kv_blocks_total=kv.num_blocks,
+            num_running=sched.num_running, num_waiting=sched.num_waiting,
+            prompt_tokens_total=self.prompt_tokens_total,
+            generation_tokens_total=self.generation_tokens_total,
+            num_preemptions=sched.num_preemptions, prefix_cache_queried_tokens=kv.num_queried_tokens,
+            prefix_cache_hit_tokens=kv.num_hit_tokens, requests_refused_total=self.requests_refused_total,
+            requests_timed_out_total=self.requests_timed_out_total)
+        if self.connector is not None:
+            handoffs = self.connector.stats()
+            stats.kv_handoffs_total = handoffs.handoffs
+            stats.kv_handoff_bytes_total = handoffs.nbytes
+            stats.kv_handoff_seconds_total = handoffs.seconds
+            stats.kv_handoffs_expired_total = handoffs.expired
+            stats.kv_handoff_blocks_held = handoffs.blocks_held
         return stats
 
 
-
-def _kv_tensors(executor: Any) -> list[torch.Tensor]:
+def _kv_tensors(executor: Any, phase: Phase) -> list[torch.Tensor]:
     """Every tensor of the executor's KV pools with a block axis at dim 1 (what a handoff copies)."""
+    if not hasattr(executor, "kv_caches"):
+        raise ValueError(f"phase={phase} (disaggregated serving) hands over the KV pools of this "
+                         "process; a tensor-parallel engine (tp_size > 1) keeps them in its ranks: "
+                         "not supported yet, serve it co-located")
     return list(executor.kv_caches) + list(getattr(executor, "kv_scales", None) or [])

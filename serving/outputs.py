@@ -2,8 +2,31 @@
 
 from __future__ import annotations
 
+import enum
 from dataclasses import dataclass, field
 from typing import Any
+
+
+class FinishReason(str, enum.Enum):
+    """Why a request finished. A `str` enum: it compares equal to its value ("stop" == STOP) and
+    is written as that value (JSON, f-strings), as the API responses spell it."""
+
+    STOP = "stop"
+    """EOS, a stop token or a stop string (RequestOutput.stop_reason says which)."""
+    LENGTH = "length"
+    """max_tokens generated, or the sequence reached max_seq_len."""
+    ABORT = "abort"
+    """Cancelled (LLMEngine.abort: the client went away or withdrew it)."""
+    ERROR = "error"
+    """The request failed (RequestOutput.error says why); other requests go on."""
+    TIMEOUT = "timeout"
+    """Past its deadline (SamplingParams.timeout_s); aborted, its KV freed."""
+    HANDOFF = "handoff"
+    """Context phase: the prompt and the first token are done; the KV went to a generation
+    engine (RequestOutput.kv_handle), which continues the request."""
+
+    def __str__(self) -> str:
+        return self.value
 
 
 @dataclass
@@ -31,6 +54,8 @@ class RequestMetrics:
 
 @dataclass
 class RequestOutput:
+    """One request's progress in one step: what it produced now and everything so far."""
+
     request_id: str
     new_token_ids: list[int]
     """Tokens produced by this step (usually one; empty for a final abort/error output)."""
@@ -41,8 +66,8 @@ class RequestOutput:
     text: str
     """All generated text so far (the concatenation of the deltas)."""
     finished: bool
-    finish_reason: str | None
-    """stop | length | abort | error | timeout (past SamplingParams.timeout_s), once finished."""
+    finish_reason: FinishReason | None
+    """Why the request finished (stop | length | abort | error | timeout | handoff); None before."""
     num_prompt_tokens: int
     metrics: RequestMetrics
     logprobs: list[float] | None = None
@@ -53,5 +78,5 @@ class RequestOutput:
     stop_reason: str | int | None = None
     """The stop string or stop token that finished the request."""
     kv_handle: Any = None
-    """Context phase only (finish_reason "handoff"): the KVHandle the generation phase continues
+    """Context phase only (finish_reason handoff): the KVHandle the generation phase continues
     from."""

@@ -20,11 +20,10 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
+from trtforge.serving.outputs import FinishReason
+
 if TYPE_CHECKING:  # keep this module free of torch, like the scheduler
     from trtforge.serving.sampler import SamplingState
-
-FINISH_STOP = "stop"
-FINISH_LENGTH = "length"
 
 
 class StopChecker:
@@ -34,15 +33,16 @@ class StopChecker:
         """``max_seq_len``: the engine's limit on prompt + output tokens (None: no limit)."""
         self.max_seq_len = max_seq_len
         self.stop_reason: str | int | None = None
-        """What ended the request with finish reason "stop": the matched stop string, or the
+        """What ended the request with finish reason STOP: the matched stop string, or the
         stop token id (EOS included); None otherwise."""
         self._held = ""
 
-    def check(self, state: SamplingState, new_token_id: int, delta: str) -> tuple[str | None, str]:
+    def check(self, state: SamplingState, new_token_id: int,
+              delta: str) -> tuple[FinishReason | None, str]:
         """Return ``(finish_reason, text_to_emit)`` for the token just appended to the output.
 
         ``state.output_token_ids`` must already end with ``new_token_id``; ``delta`` is the text
-        the detokenizer produced for it. ``finish_reason`` is "stop", "length" or None.
+        the detokenizer produced for it. ``finish_reason`` is STOP, LENGTH or None.
         Stop conditions (EOS, stop tokens, stop strings) count only once ``min_tokens`` tokens
         came before this one, matching the sampler, which masks EOS and stop tokens until then.
         """
@@ -58,7 +58,7 @@ class StopChecker:
             text, matched = self._scan(delta, params.stop, params.include_stop_str_in_output)
             if matched is not None:
                 self.stop_reason = matched
-                return FINISH_STOP, text
+                return FinishReason.STOP, text
         else:
             text, self._held = self._held + delta, ""
         if may_stop and (
@@ -66,12 +66,12 @@ class StopChecker:
             or new_token_id in params.stop_token_ids
         ):
             self.stop_reason = new_token_id
-            return FINISH_STOP, text + self.release()
+            return FinishReason.STOP, text + self.release()
         total = len(state.prompt_token_ids) + len(outputs)
         if len(outputs) >= params.max_tokens or (
             self.max_seq_len is not None and total >= self.max_seq_len
         ):
-            return FINISH_LENGTH, text + self.release()
+            return FinishReason.LENGTH, text + self.release()
         return None, text
 
     def release(self, extra: str = "") -> str:

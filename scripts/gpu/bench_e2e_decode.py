@@ -43,10 +43,11 @@ def run_hf(ckpt: Path, ids: torch.Tensor, args, device: str) -> tuple[float, tor
 
 
 def run_trtforge(engine_dir: Path, ids: torch.Tensor, args, device: str) -> tuple[float, list]:
-    from trtforge.serving.engine import LLMEngine
+    from trtforge.config.runtime import RuntimeConfig
     from trtforge.config.sampling import SamplingParams
+    from trtforge.serving.engine import LLMEngine
 
-    engine = LLMEngine.from_engine_dir(engine_dir, device=device)
+    engine = LLMEngine.from_engine_dir(engine_dir, RuntimeConfig(device=device))
     prompts = ids.tolist()
     params = SamplingParams(max_tokens=args.new_tokens, ignore_eos=True)
     engine.generate(prompts[:1], SamplingParams(max_tokens=4, ignore_eos=True))  # warm up

@@ -24,8 +24,9 @@ PROMPT_LENS = (1, 7, 33, 70)
 def check_arch(arch: str, args) -> dict:
     from transformers import AutoModelForCausalLM
 
-    from trtforge.serving.engine import LLMEngine
+    from trtforge.config.runtime import RuntimeConfig
     from trtforge.config.sampling import SamplingParams
+    from trtforge.serving.engine import LLMEngine
 
     # A small prefill chunk forces chunked prefill of the longer prompts.
     build_args = ["--max-batch-size", "8", "--max-num-tokens", "64", "--max-seq-len", "256",
@@ -39,7 +40,7 @@ def check_arch(arch: str, args) -> dict:
     prompts = [torch.randint(16, vocab, (n,), generator=gen).tolist() for n in PROMPT_LENS]
     expected = [hf_greedy(model, torch.tensor([p], device=args.device), args.new_tokens, pad)[0]
                 .tolist() for p in prompts]
-    engine = LLMEngine.from_engine_dir(engine_dir, device=args.device, prefill_chunk_size=32)
+    engine = LLMEngine.from_engine_dir(engine_dir, RuntimeConfig(device=args.device), prefill_chunk_size=32)
     outs = engine.generate(prompts, SamplingParams(max_tokens=args.new_tokens, ignore_eos=True))
     got = [o.output_token_ids for o in outs]
     mismatches = []

@@ -1,12 +1,14 @@
 """KV connectors: how a finished prefill's KV blocks move from a `context` engine to a
 `generation` engine (disaggregated serving).
 
-One small interface, three verbs:
+The engine sees one interface, `KVConnector` (base.py), and calls its hooks: `save_kv` on the
+context side when a prefill is done, `check_handoff` / `load_kv` on the generation side when a
+handed-over request is admitted, `request_finished` when a request ends, `poll` between steps:
 
     context side (owner)                       generation side
     ─────────────────────                      ───────────────
-    handle = exporter.export(...)   ──handle──▶ importer.import_into(handle, kv_tensors, blocks)
-    exporter.poll()  ◀── "taken" ───────────── (or importer.release(handle) if it never imports)
+    handle = exporter.save_kv(...)  ──handle──▶ importer.load_kv(handle, blocks)
+    exporter.poll()  ◀── "taken" ───────────── (or request_finished(handle) if it never imports)
       frees what was taken, and what passed its deadline
 
 The handle (`KVHandle`) is plain data (JSON): it travels in the `context_phase_params` tensor of
@@ -19,21 +21,33 @@ and read by the generation process) and `tcp` (hosts apart: the same staging, se
 The generation side's `KVImporter` takes either, by the handle's location.
 """
 
+from __future__ import annotations
+
+import torch
+
+from trtforge.config.runtime import SHARED_MEMORY_CONNECTOR, Phase, RuntimeConfig
+from trtforge.serving.kv_connector.base import HandoffStats, KVConnector
 from trtforge.serving.kv_connector.handle import HandoffError, KVHandle
 from trtforge.serving.kv_connector.importer import KVImporter
-from trtforge.serving.kv_connector.shared_memory import SharedMemoryExporter, SharedMemoryImporter
-from trtforge.serving.kv_connector.tcp import TcpExporter, TcpImporter, parse_address
+from trtforge.serving.kv_connector.shared_memory import SharedMemoryExporter
+from trtforge.serving.kv_connector.tcp import TcpExporter
 
 
-def make_exporter(connector: str, kv_tensors, num_blocks: int, block_size: int,
-                  handoff_timeout_s: float, advertise_host: str | None = None):
-    """`shm` (one host) or `tcp://HOST:PORT` (listen there; port 0: any free port)."""
-    if connector in ("", "shm"):
-        return SharedMemoryExporter(kv_tensors, num_blocks, block_size, handoff_timeout_s)
-    parse_address(connector)  # ValueError naming a bad one
-    return TcpExporter(kv_tensors, num_blocks, block_size, handoff_timeout_s, listen=connector,
-                       advertise_host=advertise_host)
+def make_connector(runtime: RuntimeConfig, kv_tensors: list[torch.Tensor], num_blocks: int,
+                   block_size: int) -> KVConnector | None:
+    """The connector of an engine in `runtime.phase`, over its KV pools (`kv_tensors`, block axis
+    at dim 1; `num_blocks` of `block_size` tokens): None co-located; the context side's exporter
+    by `runtime.kv_connector` (shm, or tcp://HOST:PORT to listen there); the generation side's
+    importer (takes handles of either)."""
+    if runtime.phase is Phase.BOTH:
+        return None
+    if runtime.phase is Phase.GENERATION:
+        return KVImporter(kv_tensors, block_size)
+    if runtime.kv_connector == SHARED_MEMORY_CONNECTOR:
+        return SharedMemoryExporter(kv_tensors, num_blocks, block_size, runtime.handoff_timeout_s)
+    return TcpExporter(kv_tensors, num_blocks, block_size, runtime.handoff_timeout_s,
+                       listen=runtime.kv_connector, advertise_host=runtime.kv_advertise_host)
 
 
-__all__ = ["HandoffError", "KVHandle", "KVImporter", "SharedMemoryExporter", "SharedMemoryImporter",
-           "TcpExporter", "TcpImporter", "make_exporter"]
+__all__ = ["HandoffError", "HandoffStats", "KVConnector", "KVHandle", "KVImporter",
+           "SharedMemoryExporter", "TcpExporter", "make_connector"]

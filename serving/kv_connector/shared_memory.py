@@ -5,7 +5,7 @@ where used:
 
     [header: layout JSON] [state: int64 × H] [ack: int64 × H] [staging copy of each KV tensor]
 
-`export` copies a finished prefill's blocks from the context engine's pool into free staging
+`save_kv` copies a finished prefill's blocks from the context engine's pool into free staging
 blocks and publishes a handle in a free slot (state[slot] = nonce); the context engine can then
 free its pool blocks at once. The generation process maps the segment by path, copies the staging
 blocks into its own pool and writes ack[slot] = nonce. The owner's `poll` frees the staging blocks
@@ -30,10 +30,13 @@ import time
 from collections import deque
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import torch
 
+from trtforge.config.runtime import Phase
+from trtforge.serving.kv_connector.base import HandoffStats, KVConnector
 from trtforge.serving.kv_connector.handle import HandoffError, KVHandle
 
 MAGIC = b"TRTFKV01"
@@ -129,11 +132,14 @@ class _Live:
     deadline: float
 
 
-class SharedMemoryExporter:
-    """Context side: owns the segment, its staging blocks and the handles' deadlines."""
+class SharedMemoryExporter(KVConnector):
+    """Context side: owns the segment, its staging blocks and the handles' deadlines.
+    `handoff_timeout_s`: how long a handle waits to be taken before its blocks are freed."""
+
+    role = Phase.CONTEXT
 
     def __init__(self, kv_tensors: list[torch.Tensor], num_blocks: int, block_size: int,
-                 handoff_timeout_s: float = 30.0, directory: str | None = None,
+                 handoff_timeout_s: float, directory: str | None = None,
                  max_handles: int = 4096) -> None:
         directory = directory or os.environ.get("TRTFORGE_KV_HANDOFF_DIR", DEFAULT_DIR)
         _remove_orphans(directory)
@@ -171,16 +177,11 @@ class SharedMemoryExporter:
         """Staging blocks held by handles not yet taken or expired."""
         return self.num_blocks - len(self._free_blocks)
 
-    @property
-    def handles_live(self) -> int:
-        return len(self._live)
-
-    def export(self, request_id: str, pool_blocks: list[int], num_tokens: int, **state) -> KVHandle:
-        """Copy `pool_blocks` (positions [0, num_tokens) of a request) out of the engine's pool and
-        publish a handle; `state` fills the handle's request fields (prompt_token_ids, first_token,
-        seed, …). HandoffError when the staging area or the control table is full."""
+    def save_kv(self, request_id: str, block_ids: list[int], num_tokens: int, **state: Any) -> KVHandle:
+        """Copy `block_ids` of the engine's pool into free staging blocks and publish a handle
+        (KVConnector.save_kv). HandoffError when the staging area or the control table is full."""
         self.poll()
-        n = len(pool_blocks)
+        n = len(block_ids)
         if n > len(self._free_blocks) or not self._free_slots:
             raise HandoffError(
                 f"the KV handoff area is full ({self.blocks_held} of {self.num_blocks} blocks, "
@@ -188,7 +189,7 @@ class SharedMemoryExporter:
         start = time.perf_counter()
         blocks = [self._free_blocks.popleft() for _ in range(n)]
         slot = self._free_slots.popleft()
-        _copy_blocks(self.segment.staging, blocks, self.kv_tensors, pool_blocks)
+        _copy_blocks(self.segment.staging, blocks, self.kv_tensors, block_ids)
         seconds = time.perf_counter() - start
         self._nonce += 1
         deadline = time.time() + self.handoff_timeout_s
@@ -201,11 +202,11 @@ class SharedMemoryExporter:
                         blocks=blocks, num_tokens=num_tokens, block_size=self.block_size,
                         deadline=deadline, nbytes=nbytes, export_seconds=seconds, **state)
 
-    def poll(self, now: float | None = None) -> None:
+    def poll(self) -> None:
         """Free the staging blocks of handles taken since the last call, or past their deadline."""
         if not self._live:
             return
-        now = time.time() if now is None else now
+        now = time.time()
         seg = self.segment
         for slot, live in list(self._live.items()):
             if int(seg.ack[slot]) == live.nonce:
@@ -226,9 +227,15 @@ class SharedMemoryExporter:
         except FileNotFoundError:
             pass
 
+    def stats(self) -> HandoffStats:
+        return HandoffStats(handoffs=self.handoffs_done, nbytes=self.bytes_total,
+                            seconds=self.seconds_total, expired=self.handoffs_expired,
+                            blocks_held=self.blocks_held)
+
 
 class SharedMemoryImporter:
-    """Generation side: maps owners' segments on demand and copies handed-over blocks in."""
+    """Generation side's transport for handles in a segment on this host: maps owners' segments
+    on demand and copies handed-over blocks in (KVImporter picks it by the handle's location)."""
 
     def __init__(self) -> None:
         self._segments: dict[str, _Segment] = {}

@@ -23,32 +23,25 @@ import json
 import socket
 import threading
 import time
-from urllib.parse import urlsplit
 
-import numpy as np
 import torch
 
+from trtforge.config.runtime import parse_address
 from trtforge.serving.kv_connector.handle import HandoffError, KVHandle
 from trtforge.serving.kv_connector.shared_memory import SharedMemoryExporter, _layout
 
-_TIMEOUT_S = 30.0
-
-
-def parse_address(address: str) -> tuple[str, int]:
-    """'tcp://HOST:PORT' (or 'HOST:PORT') → (host, port); ValueError for anything else."""
-    parts = urlsplit(address if "://" in address else f"tcp://{address}")
-    if parts.scheme != "tcp" or parts.hostname is None or parts.port is None:
-        raise ValueError(f"KV connector address {address!r} is invalid: write tcp://HOST:PORT")
-    return parts.hostname, parts.port
+_SOCKET_TIMEOUT_S = 30.0
+"""Longest wait on one connect or send/receive of a transfer (not the handoff's deadline)."""
 
 
 class TcpExporter(SharedMemoryExporter):
-    """Context side across hosts: stages blocks like SharedMemoryExporter and serves them on TCP."""
+    """Context side across hosts: stages blocks like SharedMemoryExporter and serves them on TCP
+    at `listen` (tcp://HOST:PORT, port 0: any free one); handles name `advertise_host` (None: the
+    listen host, or this host's name when it listens on every interface)."""
 
     def __init__(self, kv_tensors: list[torch.Tensor], num_blocks: int, block_size: int,
-                 handoff_timeout_s: float = 30.0, listen: str = "tcp://0.0.0.0:0",
-                 advertise_host: str | None = None, **kwargs) -> None:
-        super().__init__(kv_tensors, num_blocks, block_size, handoff_timeout_s, **kwargs)
+                 handoff_timeout_s: float, listen: str, advertise_host: str | None) -> None:
+        super().__init__(kv_tensors, num_blocks, block_size, handoff_timeout_s)
         host, port = parse_address(listen)
         try:
             self._server = socket.create_server((host, port), reuse_port=False)
@@ -60,7 +53,6 @@ class TcpExporter(SharedMemoryExporter):
             advertise_host = host if host not in ("0.0.0.0", "", "::") else socket.gethostname()
         self._location = f"tcp://{advertise_host}:{port}"
         self._closed = threading.Event()
-        self.transfers_served = 0
         threading.Thread(target=self._accept, name="trtforge-kv-tcp", daemon=True).start()
 
     @property
@@ -78,7 +70,7 @@ class TcpExporter(SharedMemoryExporter):
     def _serve(self, conn: socket.socket) -> None:
         seg = self.segment
         with conn, conn.makefile("rb") as reader:
-            conn.settimeout(_TIMEOUT_S)
+            conn.settimeout(_SOCKET_TIMEOUT_S)
             try:
                 request = json.loads(reader.readline(1 << 20))
                 slot, nonce = int(request["slot"]), int(request["nonce"])
@@ -98,7 +90,6 @@ class TcpExporter(SharedMemoryExporter):
                 conn.sendall(b"OK" if intact else b"XX")
                 if intact:
                     seg.ack[slot] = nonce
-                    self.transfers_served += 1
             except (OSError, ValueError, KeyError):
                 return  # the importer gets a broken connection: its request fails, the deadline frees
 
@@ -115,7 +106,8 @@ class TcpExporter(SharedMemoryExporter):
 
 
 class TcpImporter:
-    """Generation side: fetches a handle's blocks from its context server and copies them in."""
+    """Generation side's transport for tcp:// handles: fetches a handle's blocks from its context
+    server and copies them in (KVImporter picks it by the handle's location)."""
 
     def __init__(self) -> None:
         self.handoffs_done = 0
@@ -166,7 +158,7 @@ class TcpImporter:
 def _connect(handle: KVHandle) -> socket.socket:
     host, port = parse_address(handle.location)
     try:
-        conn = socket.create_connection((host, port), timeout=_TIMEOUT_S)
+        conn = socket.create_connection((host, port), timeout=_SOCKET_TIMEOUT_S)
     except OSError as exc:
         raise HandoffError(f"the context server at {handle.location} holding the KV of "
                            f"{handle.request_id} cannot be reached ({exc}); it has gone away") from None

@@ -12,6 +12,7 @@ import pytest
 from tests.helpers.checkpoints import make_checkpoint
 from trtforge.builder.build import build_engine
 from trtforge.builder.build_config import BuildConfig
+from trtforge.config.runtime import RuntimeConfig
 from trtforge.config.sampling import SamplingParams
 from trtforge.serving.engine import LLMEngine
 from trtforge.serving.kv_connector import HandoffError, KVHandle
@@ -35,8 +36,8 @@ def engine_dir(tmp_path_factory):
 
 @pytest.fixture
 def phases(engine_dir):
-    ctx = LLMEngine.from_engine_dir(engine_dir, phase="context", handoff_timeout_s=30)
-    gen = LLMEngine.from_engine_dir(engine_dir, phase="generation")
+    ctx = LLMEngine.from_engine_dir(engine_dir, RuntimeConfig(phase="context", handoff_timeout_s=30))
+    gen = LLMEngine.from_engine_dir(engine_dir, RuntimeConfig(phase="generation"))
     yield ctx, gen
     ctx.close()
 
@@ -103,8 +104,8 @@ def test_one_token_request_finishes_on_the_context_side(phases):
 
 
 def test_untaken_handoff_is_freed_after_its_deadline(engine_dir):
-    ctx = LLMEngine.from_engine_dir(engine_dir, phase="context", handoff_timeout_s=0.2)
-    gen = LLMEngine.from_engine_dir(engine_dir, phase="generation")
+    ctx = LLMEngine.from_engine_dir(engine_dir, RuntimeConfig(phase="context", handoff_timeout_s=0.2))
+    gen = LLMEngine.from_engine_dir(engine_dir, RuntimeConfig(phase="generation"))
     try:
         out = ctx.generate([PROMPTS[2]], SamplingParams(max_tokens=8, ignore_eos=True))[0]
         assert out.kv_handle is not None and ctx.stats().kv_handoff_blocks_held == len(out.kv_handle.blocks)
@@ -146,8 +147,8 @@ def test_bad_handoff_requests_fail_alone(phases):
 
 
 def test_owner_gone_fails_the_import_clearly(engine_dir):
-    ctx = LLMEngine.from_engine_dir(engine_dir, phase="context")
-    gen = LLMEngine.from_engine_dir(engine_dir, phase="generation")
+    ctx = LLMEngine.from_engine_dir(engine_dir, RuntimeConfig(phase="context"))
+    gen = LLMEngine.from_engine_dir(engine_dir, RuntimeConfig(phase="generation"))
     out = ctx.generate([PROMPTS[1]], SamplingParams(max_tokens=6, ignore_eos=True))[0]
     ctx.close()  # the context model unloaded: its segment is unlinked
     assert not os.path.exists(out.kv_handle.location)
@@ -166,8 +167,8 @@ def _drain(engine: LLMEngine) -> list:
 
 def test_network_connector_hands_over_like_shared_memory(engine_dir):
     """The TCP connector (context and generation servers on different hosts; loopback here)."""
-    ctx = LLMEngine.from_engine_dir(engine_dir, phase="context", kv_connector="tcp://127.0.0.1:0")
-    gen = LLMEngine.from_engine_dir(engine_dir, phase="generation")
+    ctx = LLMEngine.from_engine_dir(engine_dir, RuntimeConfig(phase="context", kv_connector="tcp://127.0.0.1:0"))
+    gen = LLMEngine.from_engine_dir(engine_dir, RuntimeConfig(phase="generation"))
     try:
         params = [SamplingParams(max_tokens=10, ignore_eos=True, temperature=0.8, seed=3) for _ in PROMPTS]
         colocated = LLMEngine.from_engine_dir(engine_dir).generate(PROMPTS, params)
@@ -193,7 +194,7 @@ def test_network_connector_hands_over_like_shared_memory(engine_dir):
     assert failed.finish_reason == "error" and "gone away" in failed.error
     assert gen.stats().kv_blocks_used == 0
     with pytest.raises(ValueError, match="tcp://HOST:PORT"):
-        LLMEngine.from_engine_dir(engine_dir, phase="context", kv_connector="udp://x")
+        LLMEngine.from_engine_dir(engine_dir, RuntimeConfig(phase="context", kv_connector="udp://x"))
 
 
 def test_int8_kv_cache_is_handed_over_with_its_scales(tmp_path):
@@ -202,8 +203,8 @@ def test_int8_kv_cache_is_handed_over_with_its_scales(tmp_path):
                           BuildConfig(dtype="float32", max_batch_size=8, max_num_tokens=128, max_seq_len=128,
                                       kv_block_size=4, kv_cache_memory="256KiB", kv_cache_dtype="int8"),
                           progress=False)
-    ctx = LLMEngine.from_engine_dir(out, phase="context")
-    gen = LLMEngine.from_engine_dir(out, phase="generation")
+    ctx = LLMEngine.from_engine_dir(out, RuntimeConfig(phase="context"))
+    gen = LLMEngine.from_engine_dir(out, RuntimeConfig(phase="generation"))
     try:
         assert ctx.executor.kv_scales is not None  # the scales pools travel with the int8 pools
         params = [SamplingParams(max_tokens=10, ignore_eos=True) for _ in PROMPTS]

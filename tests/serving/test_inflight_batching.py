@@ -18,6 +18,7 @@ import torch
 from tests.helpers.checkpoints import make_checkpoint
 from trtforge.builder.build import build_engine
 from trtforge.builder.build_config import BuildConfig
+from trtforge.config.runtime import RuntimeConfig
 from trtforge.models.kv_sizing import kv_bytes_per_token
 from trtforge.serving.engine import LLMEngine
 from trtforge.serving.outputs import RequestOutput
@@ -134,7 +135,7 @@ def test_greedy_inflight_batching_matches_alone(engine_dir, seed):
 
     chunk = rng.randint(2, 7)
     engine = LLMEngine.from_engine_dir(
-        engine_dir, kv_cache_memory=kv_bytes(engine_dir, 18 + rng.randint(0, 4)),
+        engine_dir, RuntimeConfig(kv_cache_memory=kv_bytes(engine_dir, 18 + rng.randint(0, 4))),
         prefill_chunk_size=chunk, max_num_tokens=chunk + rng.randint(2, 10),
         policy="max_utilization", enable_prefix_caching=bool(seed % 2))
     log = record_schedules(engine)
@@ -159,7 +160,7 @@ def test_seeded_sampling_same_alone_and_in_busy_batch(engine_dir):
     for i, (_, params) in enumerate(requests):
         params.seed = 1000 + i
     alone = run_alone(engine_dir, requests)
-    engine = LLMEngine.from_engine_dir(engine_dir, kv_cache_memory=kv_bytes(engine_dir, 18),
+    engine = LLMEngine.from_engine_dir(engine_dir, RuntimeConfig(kv_cache_memory=kv_bytes(engine_dir, 18)),
                                        prefill_chunk_size=5, max_num_tokens=12)
     busy = run_busy(engine, requests, rng)
     assert engine.stats().num_preemptions > 0
