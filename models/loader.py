@@ -7,18 +7,22 @@ from typing import Any
 
 import torch
 
-from trtforge.models.dtypes import torch_dtype
 from trtforge.models.engine_dir import EngineConfig
 from trtforge.models.errors import EngineLoadError
+from trtforge.models.layers import Layers
 from trtforge.models.network import CausalLM
 from trtforge.models.skip_init import build_on_meta, still_on_meta
 from trtforge.models.tensor_parallel import shard_of
 
 
 def load_network(directory: str | Path, cfg: EngineConfig, device: str | torch.device = "cpu",
-                 rank: int = 0) -> CausalLM:
+                 rank: int = 0, *, kernels: str = "reference") -> CausalLM:
     """The network of tensor-parallel rank `rank` (the whole model when tp_size is 1); on its own it
-    computes partial sums: the runtime attaches the collectives (serving/worker/tp_executor.py)."""
+    computes partial sums: the runtime attaches the collectives (serving/worker/tp_executor.py).
+
+    kernels: "reference" builds plain torch layers (what export and conversion trace); "auto" the
+    kernels registry's choice for `device` and the engine's dtype (plugins/kernels.py), what the
+    runtime runs — the one place that choice is made (models/layers.py: Layers.for_engine)."""
     from safetensors.torch import load_file
 
     if not 0 <= rank < cfg.tp_size:
@@ -29,7 +33,8 @@ def load_network(directory: str | Path, cfg: EngineConfig, device: str | torch.d
                               f"runtime needs the torch backend's weights.")
     # Built on meta without initialisation, then the file's tensors assigned: on CPU they stay
     # mapped from the page cache (safetensors maps the file), so loading copies nothing.
-    model = build_on_meta(lambda: _network(cfg, rank))
+    layers = Layers.for_engine(cfg, device, kernels)  # before build_on_meta: it may import Triton
+    model = build_on_meta(lambda: _network(cfg, layers, rank))
     state = load_file(str(weights), device=str(device))
     missing, unexpected = model.load_state_dict(state, strict=False, assign=True)
     missing = sorted(set(missing) | set(still_on_meta(model)))  # e.g. a buffer the file lacks
@@ -39,17 +44,15 @@ def load_network(directory: str | Path, cfg: EngineConfig, device: str | torch.d
     return model.eval()
 
 
-def _network(cfg: EngineConfig, rank: int = 0) -> CausalLM:
+def _network(cfg: EngineConfig, layers: Layers, rank: int = 0) -> CausalLM:
     shard = shard_of(cfg.model, cfg.tp_size, rank) if cfg.tp_size > 1 else None
-    network = CausalLM(cfg.model, shard)
-    if cfg.quantization:  # the decoder's linears hold packed weights and scales (quant_linear.py)
-        from trtforge.models.quantized_layers import quantize_layers
-
-        quantize_layers(network, cfg.quantization, torch_dtype(cfg.dtype))
-    return network
+    return CausalLM(cfg.model, shard, layers)  # quantized engines: QuantLinears from `layers`
 
 
 def load_tokenizer(directory: str | Path) -> Any:
+    """The tokenizer of an engine (or checkpoint) directory; the one way trtforge loads one. A
+    plain `tokenizers` tokenizer (PlainTokenizer) when the files allow, without importing
+    transformers; else transformers' AutoTokenizer."""
     from trtforge.models.plain_tokenizer import PlainTokenizer
 
     plain = PlainTokenizer.load(directory)  # no transformers import for plain `tokenizers` checkpoints

@@ -7,6 +7,12 @@ their weights arrive through the tables in `architectures.py`.
 There is no batch dimension and no padding: an iteration's T new tokens from S sequences
 (prompt chunks and decode tokens mixed) are one [T, hidden] matrix, and `AttentionMetadata`
 tells the attention op which cache blocks each sequence owns.
+
+Which kernels the layers run is fixed when the network is built, by the `Layers` it is given
+(layers.py: plain torch by default; the loader passes the kernels registry's choice for the
+runtime). Every fast path sits beside the torch code it replaces: the C loops of
+plugins/cpu/fused.py run where `Layers.fused_ops` says so and the tensors allow, the torch lines
+after them otherwise (and always while tracing or exporting).
 """
 
 from __future__ import annotations
@@ -16,13 +22,13 @@ import torch.nn.functional as F
 from torch import nn
 
 import trtforge.plugins.paged_attention  # noqa: F401  (registers torch.ops.trtforge.paged_attention)
-from trtforge.plugins.paged_attention.metadata import AttentionMetadata
-from trtforge.plugins.paged_attention.op import eager_impl
-
-from trtforge.plugins.cpu import fused as cpu_fused
+from trtforge.models.layers import Layers
 from trtforge.models.model_config import ModelConfig
 from trtforge.models.rope import apply_rotary, rotary_cos_sin
 from trtforge.models.tensor_parallel import TPShard, local_config
+from trtforge.plugins.cpu import fused as cpu_fused
+from trtforge.plugins.paged_attention.metadata import AttentionMetadata
+from trtforge.plugins.paged_attention.op import eager_impl
 
 ACTIVATIONS = {
     "silu": F.silu,
@@ -35,13 +41,15 @@ ACTIVATIONS = {
 class RMSNorm(nn.Module):
     """HF's RMSNorm: normalise in float32, cast back, then scale (the order matters for bf16 parity)."""
 
-    def __init__(self, dim: int, eps: float):
+    def __init__(self, dim: int, eps: float, fused: bool = False):
         super().__init__()
         self.weight = nn.Parameter(torch.ones(dim))
         self.eps = eps
+        self.fused = fused
+        """Try the C loop first (plugins/cpu/fused.py; it takes float32 CPU eager inference only)."""
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        fused = cpu_fused.rms_norm(x, self.weight, self.eps)  # float32 CPU inference: one C loop
+        fused = cpu_fused.rms_norm(x, self.weight, self.eps) if self.fused else None  # one C loop
         if fused is not None:
             return fused[0]
         dtype = x.dtype
@@ -54,7 +62,7 @@ class RMSNorm(nn.Module):
     def add_norm(self, x: torch.Tensor, residual: torch.Tensor | None) -> tuple[torch.Tensor, torch.Tensor]:
         """(norm(x + residual), x + residual): the residual stream's update and the next
         sublayer's input. The fused kernel writes the sum into `residual` in place."""
-        fused = cpu_fused.rms_norm(x, self.weight, self.eps, residual)
+        fused = cpu_fused.rms_norm(x, self.weight, self.eps, residual) if self.fused else None
         if fused is not None:
             return fused
         if residual is not None:
@@ -71,22 +79,25 @@ class LayerNorm(nn.LayerNorm):
         return self(x), x
 
 
-def make_norm(cfg: ModelConfig, dim: int) -> nn.Module:
+def make_norm(cfg: ModelConfig, dim: int, layers: Layers) -> nn.Module:
     if cfg.norm == "rms":
-        return RMSNorm(dim, cfg.norm_eps)
+        return RMSNorm(dim, cfg.norm_eps, layers.fused_ops)
     return LayerNorm(dim, eps=cfg.norm_eps)
 
 
 class Attention(nn.Module):
-    def __init__(self, cfg: ModelConfig):
+    def __init__(self, cfg: ModelConfig, layers: Layers):
         super().__init__()
         self.cfg = cfg
-        self.qkv = nn.Linear(cfg.hidden_size, cfg.q_size + 2 * cfg.kv_size, bias=cfg.qkv_bias)
-        self.o_proj = nn.Linear(cfg.q_size, cfg.hidden_size, bias=cfg.o_bias)
+        self.qkv = layers.linear("attn.qkv", cfg.hidden_size, cfg.q_size + 2 * cfg.kv_size, cfg.qkv_bias)
+        self.o_proj = layers.linear("attn.o_proj", cfg.q_size, cfg.hidden_size, cfg.o_bias)
         if cfg.qk_norm:
-            self.q_norm = RMSNorm(cfg.head_dim, cfg.norm_eps)
-            self.k_norm = RMSNorm(cfg.head_dim, cfg.norm_eps)
+            self.q_norm = RMSNorm(cfg.head_dim, cfg.norm_eps, layers.fused_ops)
+            self.k_norm = RMSNorm(cfg.head_dim, cfg.norm_eps, layers.fused_ops)
         self.scale = cfg.head_dim ** -0.5
+        self.fused_rope = layers.fused_ops
+        self.paged_attention = layers.attention
+        """The implementation eager calls run (plugins/paged_attention/op.py); None: the op's per-call choice."""
 
     def forward(self, x: torch.Tensor, rope: tuple[torch.Tensor, torch.Tensor] | None,
                 kv_cache: torch.Tensor, meta: AttentionMetadata,
@@ -100,33 +111,34 @@ class Attention(nn.Module):
             q, k = self.q_norm(q), self.k_norm(k)
             if rope is not None:
                 q, k = apply_rotary(q, *rope), apply_rotary(k, *rope)
-        elif rope is not None and not cpu_fused.rope_heads_(qkv, *rope, hq + hkv):  # float32 CPU: in place
+        elif rope is not None and not (self.fused_rope and cpu_fused.rope_heads_(qkv, *rope, hq + hkv)):  # C, in place
             qk = apply_rotary(qkv[:, :hq + hkv], *rope)  # q and k heads rotated in one pass
             q, k = qk[:, :hq], qk[:, hq:]  # [T, Hq, D], [T, Hkv, D]
         args = (q, k.contiguous(), v.contiguous(), kv_cache, meta.slot_mapping, meta.block_tables,
                 meta.seq_lens, meta.query_start_loc, self.scale)
         if kv_scales is None:  # torch.ops.trtforge.paged_attention (or its implementation, in eager mode)
-            out = eager_impl(q)(*args)  # [T, Hq, D]
+            out = eager_impl(q, False, self.paged_attention)(*args)  # [T, Hq, D]
         else:  # torch.ops.trtforge.paged_attention_int8kv
-            out = eager_impl(q, int8_kv=True)(*args, kv_scales)
+            out = eager_impl(q, True, self.paged_attention)(*args, kv_scales)
         return self.o_proj(out.reshape(t, c.q_size))
 
 
 class MLP(nn.Module):
-    def __init__(self, cfg: ModelConfig):
+    def __init__(self, cfg: ModelConfig, layers: Layers):
         super().__init__()
         self.gated = cfg.gated_mlp
         self.act = ACTIVATIONS[cfg.activation]
         if self.gated:
-            self.gate_up = nn.Linear(cfg.hidden_size, 2 * cfg.intermediate_size, bias=cfg.mlp_bias)
+            self.gate_up = layers.linear("mlp.gate_up", cfg.hidden_size, 2 * cfg.intermediate_size, cfg.mlp_bias)
         else:
-            self.up = nn.Linear(cfg.hidden_size, cfg.intermediate_size, bias=cfg.mlp_bias)
-        self.down = nn.Linear(cfg.intermediate_size, cfg.hidden_size, bias=cfg.mlp_bias)
+            self.up = layers.linear("mlp.up", cfg.hidden_size, cfg.intermediate_size, cfg.mlp_bias)
+        self.down = layers.linear("mlp.down", cfg.intermediate_size, cfg.hidden_size, cfg.mlp_bias)
+        self.fused_silu = layers.fused_ops and self.act is F.silu
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         if self.gated:
             gate_up = self.gate_up(x)  # [T, 2I]
-            h = cpu_fused.silu_mul(gate_up) if self.act is F.silu else None  # float32 CPU: one C loop
+            h = cpu_fused.silu_mul(gate_up) if self.fused_silu else None  # one C loop
             if h is None:
                 gate, up = gate_up.chunk(2, dim=-1)  # [T, I] each
                 h = self.act(gate) * up
@@ -135,12 +147,12 @@ class MLP(nn.Module):
 
 
 class DecoderLayer(nn.Module):
-    def __init__(self, cfg: ModelConfig):
+    def __init__(self, cfg: ModelConfig, layers: Layers):
         super().__init__()
-        self.input_norm = make_norm(cfg, cfg.hidden_size)
-        self.attn = Attention(cfg)
-        self.post_attn_norm = make_norm(cfg, cfg.hidden_size)
-        self.mlp = MLP(cfg)
+        self.input_norm = make_norm(cfg, cfg.hidden_size, layers)
+        self.attn = Attention(cfg, layers)
+        self.post_attn_norm = make_norm(cfg, cfg.hidden_size, layers)
+        self.mlp = MLP(cfg, layers)
         self.all_reduce = None
         """Tensor parallelism: sums the row-parallel o_proj's and down's partial outputs over the ranks."""
 
@@ -162,33 +174,43 @@ class CausalLM(nn.Module):
 
     With `shard` (tensor parallelism, tensor_parallel.py) it is one rank's part: its heads and MLP
     slice in every layer, the LM head of its vocabulary slice; `attach_collectives` gives it the
-    all-reduce and the logits' all-gather."""
+    all-reduce and the logits' all-gather.
 
-    def __init__(self, cfg: ModelConfig, shard: TPShard | None = None):
+    `layers` builds its linear layers, LM head, embeddings, fused ops and attention (layers.py);
+    by default plain torch. The LM head is stored under the name its weights have in the engine:
+    `lm_head` (its own float weight, or tied: the embedding table read at each call) or `head_linear`
+    (quantized); `head` is whichever the network has."""
+
+    def __init__(self, cfg: ModelConfig, shard: TPShard | None = None, layers: Layers | None = None):
         super().__init__()
+        layers = layers or Layers()
         self.cfg = cfg
         self.shard = shard
+        self.built_with = layers
+        """The layer factory this network was built with (its kernels, for the startup log)."""
         self.gather_vocab = None
-        self.embed_tokens = nn.Embedding(cfg.vocab_size, cfg.hidden_size)
+        quantized_head = layers.quantized_head(cfg)
+        self.embed_tokens = layers.embedding(cfg, quantized_head)
         if cfg.position == "learned":
             self.pos_embed = nn.Embedding(cfg.max_position_embeddings, cfg.hidden_size)
         else:
             self.register_buffer("rope_inv_freq", torch.zeros(cfg.head_dim // 2), persistent=True)
         layer_cfg = cfg if shard is None else local_config(cfg, shard)
-        self.layers = nn.ModuleList(DecoderLayer(layer_cfg) for _ in range(cfg.num_layers))
-        self.final_norm = make_norm(cfg, cfg.hidden_size)
-        if not cfg.tie_word_embeddings:
+        self.layers = nn.ModuleList(DecoderLayer(layer_cfg, layers) for _ in range(cfg.num_layers))
+        self.final_norm = make_norm(cfg, cfg.hidden_size, layers)
+        if quantized_head is not None:
+            self.head_linear = quantized_head
+        elif cfg.tie_word_embeddings:
+            self.lm_head = layers.tied_head(self.embed_tokens, None if shard is None else shard.vocab)
+        else:
             vocab = cfg.vocab_size if shard is None else shard.vocab_size
-            self.lm_head = nn.Linear(cfg.hidden_size, vocab, bias=False)
-        self.head_linear: nn.Module | None = None
-        """Set by plugins/cpu/linear.py: the LM head as a CPU linear (C GEMV / oneDNN)."""
+            self.lm_head = layers.linear("lm_head", cfg.hidden_size, vocab, False)
 
-    def lm_head_weight(self) -> torch.Tensor:
-        if not self.cfg.tie_word_embeddings:
-            return self.lm_head.weight
-        if self.shard is None:
-            return self.embed_tokens.weight
-        return self.embed_tokens.weight[self.shard.vocab[0]:self.shard.vocab[1]]  # rows: a contiguous view
+    @property
+    def head(self) -> nn.Module:
+        """The module computing the logits: the quantized `head_linear`, else `lm_head`."""
+        modules = self._modules
+        return modules["head_linear"] if "head_linear" in modules else modules["lm_head"]
 
     def attach_collectives(self, all_reduce, gather_vocab) -> None:
         """Tensor parallelism: `all_reduce(t)` sums t over the ranks (returns the sum);
@@ -214,8 +236,5 @@ class CausalLM(nn.Module):
             x, residual = layer(x, residual, rope, kv_cache, meta, None if kv_scales is None else kv_scales[i])
         # [S', H]: only rows whose logits are needed
         x, _ = self.final_norm.add_norm(x[logits_indices], residual[logits_indices])
-        if self.head_linear is not None:
-            logits = self.head_linear(x).float()  # [S', V] (this rank's slice of V with a shard)
-        else:
-            logits = F.linear(x, self.lm_head_weight()).float()
+        logits = self.head(x).float()  # [S', V] (this rank's slice of V with a shard)
         return logits if self.gather_vocab is None else self.gather_vocab(logits)

@@ -11,6 +11,10 @@ dequantises them (each embedding off by at most its row's scale / 2), so no floa
 Norms, biases and an untied embedding table stay in the engine dtype (embeddings are only gathered
 a row at a time).
 
+The network builds these layers in place of nn.Linear where engine.json's `quantization` asks for
+them (models/layers.py: Layers.linear / quantized_head), with the kernels the registry chose
+(plugins/kernels.py: `quant_linear`, `quant_activations`, `linear`).
+
 How a `QuantLinear` computes (the quantisation math: plugins/cpu/quant_linear.py):
   * float32 on CPU, any number of rows: the C kernel with the activation rows quantised to int8 per
     block of 32 and integer dot products (W8A8 / W4A8) — decode steps and prefill chunks alike: on
@@ -18,12 +22,13 @@ How a `QuantLinear` computes (the quantisation math: plugins/cpu/quant_linear.py
     below at every row count measured (16-2048 rows of Qwen2.5-0.5B's four linears:
     scripts/bench_quant_gemm.py, numbers in docs/quantization.md), and it never writes a float32
     copy of the weights;
-  * TRTFORGE_QUANT_ACTIVATIONS=float or a K / int4 group that is not a multiple of 32: float
+  * quant_activations "float" (TRTFORGE_QUANT_ACTIVATIONS=float) or a K / int4 group that is not a multiple of 32: float
     activations — up to GEMV_MAX_ROWS rows the C kernel dequantising the weights in registers, more
     rows the weights dequantised by a C loop into a float32 scratch buffer, then oneDNN's GEMM (as
-    CpuLinear; plain F.linear where this torch lacks it);
-  * anything else (CUDA, float16/bfloat16, autograd, no compiler): the reference — dequantise in
-    torch, then F.linear. CUDA engines run this way: correct, but without a fused kernel.
+    CpuLinear; plain F.linear where the registry's `linear` is "torch");
+  * anything else (quant_linear "torch": CUDA, float16/bfloat16; or autograd, no compiler): the
+    reference — dequantise in torch, then F.linear. CUDA engines run this way: correct, but without
+    a fused kernel.
 """
 
 from __future__ import annotations
@@ -35,10 +40,10 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from trtforge.plugins.cpu import quant_linear as ql
-from trtforge.plugins.cpu.linear import GEMV_MAX_ROWS, cpu_linears_wanted, onednn_linear
-
 from trtforge.models.model_config import ModelConfig
+from trtforge.plugins import kernels as registry
+from trtforge.plugins.cpu import quant_linear as ql
+from trtforge.plugins.cpu.linear import GEMV_MAX_ROWS, onednn_linear
 
 QUANTIZED_LAYERS = ("attn.qkv", "attn.o_proj", "mlp.gate_up", "mlp.up", "mlp.down")
 """Module paths inside a decoder layer whose weights are quantized (those the network has)."""
@@ -54,19 +59,29 @@ def _scratch_for(n: int, k: int) -> torch.Tensor:
 
 
 class QuantLinear(nn.Module):
-    """y = x dequantize(qweight, scales)^T + bias. State: `qweight`, `scales` (float32), `bias`."""
+    """y = x dequantize(qweight, scales)^T + bias. State: `qweight`, `scales` (float32), `bias`.
+    kernels: the registry's choice it runs (None: `kernels.choose("cpu", torch.float32)`'s)."""
 
-    def __init__(self, in_features: int, out_features: int, bias: bool, scheme: str, group_size: int):
+    def __init__(self, in_features: int, out_features: int, bias: bool, scheme: str, group_size: int,
+                 kernels: registry.Kernels | None = None):
         super().__init__()
         self.in_features, self.out_features = in_features, out_features
         self.scheme, self.group = scheme, group_size if scheme == "int4_wo" else 0
         if scheme == "int8_wo":
             q_shape, s_shape, q_dtype = (out_features, in_features), (out_features,), torch.int8
         else:
-            q_shape, s_shape, q_dtype = (out_features, in_features // 2), (out_features, in_features // group_size), torch.uint8
+            q_shape, q_dtype = (out_features, in_features // 2), torch.uint8
+            s_shape = (out_features, in_features // group_size)
         self.register_buffer("qweight", torch.empty(q_shape, dtype=q_dtype))
         self.register_buffer("scales", torch.empty(s_shape, dtype=torch.float32))
         self.bias = nn.Parameter(torch.empty(out_features)) if bias else None
+        kernels = kernels or registry.choose("cpu", torch.float32)
+        self.native = kernels.quant_linear == "cpu"
+        """Whether the C kernels run where they can (float32 CPU eager inference); else the reference."""
+        self.a8 = kernels.quant_activations == "int8" and ql.a8_ok(in_features, scheme, self.group)
+        """Whether the C GEMV quantises the activations to int8 (any row count) or keeps them float."""
+        self._dense = onednn_linear if kernels.linear == "cpu" else F.linear
+        """The GEMM of float-activation prefill, on weights dequantised into a scratch buffer."""
         self.gemv_only = False
         """Never dequantise the whole layer (the LM head: a float32 copy of it would be as big as the
         memory quantising it saves): with float activations, more rows run the GEMV GEMV_MAX_ROWS
@@ -74,26 +89,27 @@ class QuantLinear(nn.Module):
 
     def extra_repr(self) -> str:
         group = f", group_size={self.group}" if self.group else ""
-        return f"in_features={self.in_features}, out_features={self.out_features}, {self.scheme}{group}"
+        acts = "int8" if self.a8 else "float"
+        return (f"in_features={self.in_features}, out_features={self.out_features}, {self.scheme}{group}, "
+                f"{'C kernels' if self.native else 'reference'}, {acts} activations")
 
     def dequantized(self, dtype: torch.dtype = torch.float32) -> torch.Tensor:
         return ql.dequantize(self.qweight, self.scales, self.scheme, self.group, dtype)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        if ql.kernel_ok(x, self.in_features, self.group or 8):
+        if self.native and ql.kernel_ok(x, self.in_features, self.group or 8):
             rows = x.numel() // self.in_features
-            if rows <= GEMV_MAX_ROWS or ql.a8_ok(self.in_features, self.scheme, self.group):
-                return ql.gemv(x, self.qweight, self.scales, self.bias, self.scheme, self.group)
+            if rows <= GEMV_MAX_ROWS or self.a8:
+                return ql.gemv(x, self.qweight, self.scales, self.bias, self.scheme, self.group,
+                               "int8" if self.a8 else "float")
             if self.gemv_only:
                 flat = x.reshape(rows, self.in_features)
                 return torch.cat([ql.gemv(flat[i:i + GEMV_MAX_ROWS], self.qweight, self.scales, self.bias,
-                                          self.scheme, self.group) for i in range(0, rows, GEMV_MAX_ROWS)]
+                                          self.scheme, self.group, "float") for i in range(0, rows, GEMV_MAX_ROWS)]
                                  ).view(*x.shape[:-1], self.out_features)
             w = ql.dequantize_into(_scratch_for(self.out_features, self.in_features), self.qweight, self.scales,
                                    self.scheme, self.group)
-            if cpu_linears_wanted(x.device, x.dtype):
-                return onednn_linear(x, w, self.bias)
-            return F.linear(x, w, self.bias)
+            return self._dense(x, w, self.bias)
         return F.linear(x, self.dequantized(x.dtype), self.bias)  # the reference
 
 
@@ -128,32 +144,6 @@ def quantized_in_features(cfg: ModelConfig) -> dict[str, int]:
     mlp = "mlp.gate_up" if cfg.gated_mlp else "mlp.up"
     return {"attn.qkv": cfg.hidden_size, "attn.o_proj": cfg.q_size, mlp: cfg.hidden_size,
             "mlp.down": cfg.intermediate_size}
-
-
-def quantize_layers(network: nn.Module, quantization: dict[str, Any], dtype: torch.dtype = torch.float32) -> nn.Module:
-    """Replace the decoder's nn.Linear layers named in QUANTIZED_LAYERS by QuantLinears of the same
-    shape (engine.json's `quantization`: scheme, group_size), in place; build on meta, then load.
-    quantization["lm_head"] ("int8_wo"; absent in engines built before it: None): the LM head too,
-    as `network.head_linear` (a tied embedding then reads it: QuantEmbedding, in `dtype`)."""
-    cfg = network.cfg
-    if quantization.get("lm_head"):
-        head = QuantLinear(cfg.hidden_size, cfg.vocab_size, False, quantization["lm_head"],
-                           int(quantization.get("lm_head_group_size") or 0))
-        head.gemv_only = True
-        network.head_linear = head
-        if cfg.tie_word_embeddings:
-            network.embed_tokens = QuantEmbedding(head, dtype)
-        else:
-            del network.lm_head
-    for layer in network.layers:
-        for path in QUANTIZED_LAYERS:
-            parent_name, _, name = path.rpartition(".")
-            parent = layer.get_submodule(parent_name)
-            old = getattr(parent, name, None)
-            if isinstance(old, nn.Linear):
-                setattr(parent, name, QuantLinear(old.in_features, old.out_features, old.bias is not None,
-                                                  quantization["scheme"], int(quantization.get("group_size") or 0)))
-    return network
 
 
 def quantized_head_source(cfg: ModelConfig, quantization: dict[str, Any] | None) -> str | None:

@@ -8,7 +8,10 @@ same code takes ~1 minute on that machine) and are called through `ctypes` (~2 �
 
 The shared library lands in `$TRTFORGE_CACHE_DIR` (default `~/.cache/trtforge`)/native, named by
 a hash of the source, the compiler command and the CPU's flags (the code is built with
-`-march=native`, so a cache shared between different machines must not mix binaries). No
+`-march=native`, so a cache shared between different machines must not mix binaries: the ISA is
+chosen at compile time — the compiler's own instructions for native_vec.h's vector types, and
+AVX2/FMA intrinsics under `#ifdef __AVX2__` in quant_linear.c and cpu_decode.c; plugins/kernels.py
+reports which ISA this is). No
 compiler, a failed build or `TRTFORGE_CPU_NATIVE=0`: `load` returns None, says why once in the
 log, and callers keep their torch path — slower, same results.
 """
@@ -43,7 +46,9 @@ def cache_dir() -> Path:
     return Path(root) / "native"
 
 
-def _cpu_flags() -> str:
+def cpu_flags() -> str:
+    """The CPU's feature flags line from /proc/cpuinfo ("" where there is none): the build cache key
+    and the instruction set the kernels registry reports (plugins/kernels.py)."""
     try:
         with open("/proc/cpuinfo") as f:
             return next((ln for ln in f if ln.startswith(("flags", "Features"))), "")
@@ -67,7 +72,7 @@ def build(source: Path, extra_flags: tuple[str, ...] = ()) -> Path:
     include = Path(__file__).parent  # native_vec.h and any other shared header
     text = source.read_bytes() + b"".join(h.read_bytes() for h in sorted(include.glob("*.h")))
     flags = (*CFLAGS, *extra_flags)
-    key = hashlib.sha256(text + repr((cc, flags)).encode() + _cpu_flags().encode()).hexdigest()[:16]
+    key = hashlib.sha256(text + repr((cc, flags)).encode() + cpu_flags().encode()).hexdigest()[:16]
     out = cache_dir() / f"{source.stem}-{key}.so"
     if out.exists():
         return out

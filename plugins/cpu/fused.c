@@ -1,5 +1,5 @@
-/* Fused float32 CPU kernels for the network's small per-token ops (cpu_fused.py holds their
- * torch references and decides when they run). One call replaces several ATen ops, which on a
+/* Fused float32 CPU kernels for the network's small per-token ops (fused.py decides when they run;
+ * their torch references are the network's own code). One call replaces several ATen ops, which on a
  * batch-1 decode step cost more in dispatch than in arithmetic.
  *
  * Rows are contiguous; dim / inter / head_dim are multiples of 8 (the caller checks).

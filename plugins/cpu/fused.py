@@ -2,12 +2,13 @@
 
 Why: a batch-1 decode step of a 0.5B model on CPU spends ~20 % of its time outside the matrix
 products, in ~1,000 tiny ATen ops (an RMSNorm alone is ~8 ops, RoPE 7, SiLU·mul 3) whose dispatch
-costs more than their arithmetic. `cpu_fused.c` does each group in one loop: add + RMSNorm, RoPE in
-place, SiLU·mul. The network tries the functions here first: they run the C kernel for float32
-CPU tensors in plain eager inference (no autograd, tracing, export or fake tensors) and return
-None / False otherwise, or where the kernels cannot be built (plugins/native.py;
+costs more than their arithmetic. `fused.c` does each group in one loop: add + RMSNorm, RoPE in
+place, SiLU·mul. A network built with fused ops (the kernels registry's `fused_ops` row,
+plugins/kernels.py: float32 on CPU) tries the functions here first: they run the C kernel for
+float32 CPU tensors in plain eager inference (no autograd, tracing, export or fake tensors) and
+return None / False otherwise, or where the kernels cannot be built (plugins/native.py;
 `TRTFORGE_CPU_NATIVE=0` turns them off), and the network then runs its own torch code — the
-references, beside them in network.py and rope.py. Both agree up to float32 rounding
+references, beside them in models/network.py and models/rope.py. Both agree up to float32 rounding
 (tests/plugins/cpu/test_fused.py).
 """
 

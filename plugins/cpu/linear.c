@@ -2,7 +2,7 @@
  * W dense row-major [N, K].
  *
  * A decode step's linear layers mostly stream their weights, and oneDNN's kernel for a handful of
- * rows reads them more than once (cpu_linear.py has the numbers). Here output rows are split evenly
+ * rows reads them more than once (linear.py has the numbers). Here output rows are split evenly
  * between the OpenMP threads (each streams one contiguous share of W) in blocks of four weight
  * rows; each block is read from memory once and multiplied with three rows of x at a time: twelve
  * independent accumulators, so the FMAs never wait on each other and each loaded weight vector

@@ -14,7 +14,8 @@ float activations. The kernels' values are the references' up to float32 summati
 (tests/plugins/cpu/test_quant_linear.py).
 
 By default `gemv` quantises the activations too (W8A8 / W4A8), at any row count — decode steps and
-prefill chunks (`TRTFORGE_QUANT_ACTIVATIONS=float` keeps the float-activation kernels): each row of
+prefill chunks (a QuantLinear does what the kernels registry chose for it, plugins/kernels.py:
+`TRTFORGE_QUANT_ACTIVATIONS=float` keeps the float-activation kernels): each row of
 x per block of 32 inputs to int8 (symmetric,
 d = max|x| / 127, round half to even: `quantize_activations`), integer dot products per block, times
 d and the weight scale — `gemv_a8_reference` in torch, which the C kernel matches up to float32
@@ -26,13 +27,11 @@ float-activation kernels.
 from __future__ import annotations
 
 import ctypes
-import os
 from pathlib import Path
 
 import torch
 
 from trtforge.plugins import native
-
 from trtforge.plugins.cpu.fused import native_ok
 
 SCHEMES = ("int8_wo", "int4_wo")
@@ -119,15 +118,12 @@ def dequantize(qweight: torch.Tensor, scales: torch.Tensor, scheme: str, group: 
 
 # ---- activations quantised too (decode): the reference -------------------------------------------
 ACT_BLOCK = 32
-INT8_ACTIVATIONS = os.environ.get("TRTFORGE_QUANT_ACTIVATIONS", "int8") != "float"
-"""Whether decode GEMVs quantise their activations to int8 (the default; TRTFORGE_QUANT_ACTIVATIONS=float:
-the float-activation kernels, exact up to summation order). Read per call: tests may set it."""
 
 
 def a8_ok(in_features: int, scheme: str, group: int) -> bool:
-    """Whether the int8-activation kernel takes this layer: enabled, K (and the int4 group) multiples of 32."""
-    return (INT8_ACTIVATIONS and in_features % ACT_BLOCK == 0
-            and (scheme == "int8_wo" or group % ACT_BLOCK == 0))
+    """Whether the int8-activation kernel takes this layer's shape: K (and the int4 group) multiples of 32.
+    (Whether a layer uses it where it may is the kernels registry's `quant_activations`.)"""
+    return in_features % ACT_BLOCK == 0 and (scheme == "int8_wo" or group % ACT_BLOCK == 0)
 
 
 def quantize_activations(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
@@ -171,20 +167,17 @@ def kernel_ok(x: torch.Tensor, in_features: int, group: int) -> bool:
     return in_features % 8 == 0 and group % 8 == 0 and native_ok(x) and library() is not None
 
 
-def gemv_function(scheme: str, in_features: int, group: int) -> tuple[object, bool]:
-    """(the C GEMV for this layer, whether it is an int8-activation one — it then returns nonzero
-    when its scratch cannot be allocated). Same arguments either way (int4: + group), threads last."""
-    lib = LIBRARY.lib
-    a8 = a8_ok(in_features, scheme, group)
-    name = f"trtforge_gemv_{scheme[:4]}{'_a8' if a8 else ''}"
-    return getattr(lib, name), a8
+def gemv_function(scheme: str, a8: bool) -> object:
+    """The C GEMV of `scheme` with int8 activations (a8; it then returns nonzero when its scratch
+    cannot be allocated) or float ones. Same arguments either way (int4: + group), threads last."""
+    return getattr(LIBRARY.lib, f"trtforge_gemv_{scheme[:4]}{'_a8' if a8 else ''}")
 
 
 def gemv(x: torch.Tensor, qweight: torch.Tensor, scales: torch.Tensor, bias: torch.Tensor | None,
          scheme: str, group: int, activations: str | None = None) -> torch.Tensor:
     """y = x W^T + b through the C kernel; x float32 contiguous [..., K] (kernel_ok). activations:
     "int8" (quantised per block of 32: `gemv_a8_reference`; needs a8_ok's shapes), "float"
-    (dequantize(W) exactly, up to summation order), None: int8 where `a8_ok`, else float."""
+    (dequantize(W) exactly, up to summation order), None: int8 where `a8_ok` (the shape allows), else float."""
     k = x.shape[-1]
     rows, n = x.numel() // k, scales.shape[0]
     y = x.new_empty((*x.shape[:-1], n))

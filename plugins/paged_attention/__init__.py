@@ -4,20 +4,27 @@ Importing this package registers `torch.ops.trtforge.paged_attention`.
 """
 
 from trtforge.plugins.paged_attention.metadata import AttentionMetadata
-from trtforge.plugins.paged_attention.op import (IMPLS, get_attention_impl, paged_attention, paged_attention_int8kv_op, paged_attention_op,
-                 resolve_impl, set_attention_impl)
+from trtforge.plugins.paged_attention.op import (
+                                                 IMPLS,
+                                                 AttentionImpl,
+                                                 attention_impl,
+                                                 paged_attention,
+                                                 paged_attention_int8kv_op,
+                                                 paged_attention_op,
+                                                 resolve_impl,
+)
 from trtforge.plugins.paged_attention.reference import dequantize_kv, quantize_kv, write_kv
 
 __all__ = [
+    "AttentionImpl",
     "AttentionMetadata",
     "IMPLS",
-    "get_attention_impl",
+    "attention_impl",
     "paged_attention",
     "paged_attention_int8kv_op",
     "paged_attention_op",
     "dequantize_kv",
     "quantize_kv",
     "resolve_impl",
-    "set_attention_impl",
     "write_kv",
 ]

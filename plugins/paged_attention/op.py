@@ -30,11 +30,15 @@ the float op's schema, ONNX node and TensorRT plugin stay as they are: int8 KV r
 implementations only ("reference", "cpu" — the torch path also runs on CUDA, and a CUDA engine
 with int8 KV is refused by the executor; the Triton kernels do not take it).
 
-Which implementation runs is a runtime choice:
+Which implementation runs is the kernels registry's choice (plugins/kernels.py: its `attention` row
+for the device, TRTFORGE_ATTENTION_IMPL, `kernels.override(attention=...)`):
 
-    set_attention_impl(name)  >  env TRTFORGE_ATTENTION_IMPL  >  "auto"
     auto: CUDA tensors -> "triton" if trtforge.plugins.paged_attention.triton_kernels imports,
           else "cpu" (vectorised torch, also correct on CUDA); CPU tensors -> "cpu".
+
+A runtime network resolves it once, when it is built (`attention_impl`, stored in each Attention
+layer); a call through the op (traced and exported graphs, direct calls) resolves it per call
+(`resolve_impl`).
 
 Every implementation is a function `(q, k, v, kv_cache, slot_mapping, block_tables, seq_lens,
 query_start_loc, scale) -> Tensor` doing both the write and the attention (so a kernel may fuse
@@ -47,41 +51,24 @@ from __future__ import annotations
 
 import importlib
 import logging
-import os
+from dataclasses import dataclass
 from types import ModuleType
 from typing import Callable
 
 import torch
 from torch._subclasses.fake_tensor import is_fake
 
+from trtforge.plugins import kernels
 from trtforge.plugins.paged_attention import cpu, reference
 from trtforge.plugins.paged_attention.metadata import AttentionMetadata
 
 log = logging.getLogger(__name__)
 
-IMPLS = ("auto", "reference", "cpu", "triton")
-ENV_VAR = "TRTFORGE_ATTENTION_IMPL"
+IMPLS = kernels.ATTENTION_IMPLS
+ENV_VAR = kernels.ATTENTION_ENV
 _TRITON_MODULE = "trtforge.plugins.paged_attention.triton_kernels"
 
-_chosen: str | None = None  # set_attention_impl(); None = follow the environment variable
-_triton: ModuleType | None | bool = False  # False = not tried yet, None = unavailable
-
-
-def set_attention_impl(name: str | None) -> None:
-    """Choose the implementation for all later calls; None goes back to the env var / "auto"."""
-    if name is not None and name not in IMPLS:
-        raise ValueError(f"unknown attention implementation {name!r}; choose one of {IMPLS}")
-    global _chosen
-    _chosen = name
-
-
-def get_attention_impl() -> str:
-    """The configured implementation name (before "auto" is resolved)."""
-    name = _chosen or os.environ.get(ENV_VAR, "auto") or "auto"
-    if name not in IMPLS:
-        raise ValueError(f"{ENV_VAR}={name!r} is not an attention implementation; "
-                         f"set it to one of {IMPLS} or unset it")
-    return name
+_triton: ModuleType | None | bool = False  # the import, tried once: False = not yet, None = unavailable
 
 
 def _load_triton(required: bool) -> ModuleType | None:
@@ -99,7 +86,7 @@ def _load_triton(required: bool) -> ModuleType | None:
     if _triton is None and required:
         raise RuntimeError(f"attention implementation 'triton' was requested but {_TRITON_MODULE} "
                            "could not be imported (is the `triton` package installed?); "
-                           f"choose another with set_attention_impl() or {ENV_VAR}")
+                           f"choose another with {ENV_VAR} (or kernels.override(attention=...))")
     return _triton
 
 
@@ -121,35 +108,70 @@ def _triton_impl(q, k, v, kv_cache, slot_mapping, block_tables, seq_lens, query_
         max_query_len, max_seq_len)
 
 
-def resolve_impl(device: torch.device, int8_kv: bool = False) -> Callable[..., torch.Tensor]:
-    """The implementation function that will run for tensors on `device` (int8_kv: for
-    paged_attention_int8kv, whose "auto" is the torch path everywhere)."""
-    name = get_attention_impl()
-    if name == "reference":
-        return reference.paged_attention
-    if name == "cpu" or (int8_kv and name == "auto"):
-        return cpu.paged_attention
-    if int8_kv:
-        raise RuntimeError(f"attention implementation {name!r} does not take an int8 KV cache; "
-                           f"use 'auto', 'cpu' or 'reference' (set_attention_impl() or {ENV_VAR})")
+@dataclass(frozen=True)
+class AttentionImpl:
+    """One resolved implementation: its functions for a float KV pool and for an int8 one."""
+
+    name: str
+    float_kv: Callable[..., torch.Tensor]
+    int8_kv: Callable[..., torch.Tensor] | None
+    """None: this implementation does not take an int8 KV cache (Triton, requested by name)."""
+
+    def function(self, int8_kv: bool = False) -> Callable[..., torch.Tensor]:
+        if not int8_kv:
+            return self.float_kv
+        if self.int8_kv is None:
+            raise _no_int8_kv(self.name)
+        return self.int8_kv
+
+
+def _no_int8_kv(name: str) -> RuntimeError:
+    return RuntimeError(f"attention implementation {name!r} does not take an int8 KV cache; use 'auto', "
+                        f"'cpu' or 'reference' ({ENV_VAR} or kernels.override(attention=...))")
+
+
+_TORCH_IMPLS = {"reference": reference.paged_attention, "cpu": cpu.paged_attention}
+
+
+def attention_impl(preference: tuple[str, ...], device: torch.device) -> AttentionImpl:
+    """The first implementation of `preference` (kernels.attention_preference) available for tensors
+    on `device`. A single name is a request: Triton then raises where it cannot be imported. int8 KV
+    takes the torch path where the float one is Triton's, unless Triton was requested by name."""
+    name = preference[0]
     if name == "triton":
-        _load_triton(required=True)
-        return _triton_impl
-    if device.type == "cuda" and _load_triton(required=False) is not None:
-        return _triton_impl
-    return cpu.paged_attention
+        if len(preference) == 1:
+            _load_triton(required=True)
+            return AttentionImpl("triton", _triton_impl, None)
+        if device.type == "cuda" and _load_triton(required=False) is not None:
+            return AttentionImpl("triton", _triton_impl, cpu.paged_attention)
+        return attention_impl(preference[1:], device)
+    fn = _TORCH_IMPLS[name]
+    return AttentionImpl(name, fn, fn)
 
 
-def eager_impl(q: torch.Tensor, int8_kv: bool = False) -> Callable[..., torch.Tensor]:
+def resolve_impl(device: torch.device, int8_kv: bool = False) -> Callable[..., torch.Tensor]:
+    """The implementation function the registry chooses now for tensors on `device` (int8_kv: for
+    paged_attention_int8kv, whose "auto" is the torch path everywhere)."""
+    preference = kernels.attention_preference(device.type)
+    if int8_kv and preference == ("triton",):
+        raise _no_int8_kv("triton")  # before importing Triton: the answer is no either way
+    return attention_impl(preference, device).function(int8_kv)
+
+
+def eager_impl(q: torch.Tensor, int8_kv: bool = False,
+               chosen: AttentionImpl | None = None) -> Callable[..., torch.Tensor]:
     """What a network should call for this layer: in plain eager execution the implementation
-    function itself (the custom-op dispatcher costs ~175 µs a call on CPU, 4 % of a 0.5B decode
-    step); while tracing, exporting, or when `torch.ops.trtforge.paged_attention` has been swapped
+    function itself (`chosen`, the one the network was built with; None: `resolve_impl`'s) — the
+    custom-op dispatcher costs ~175 µs a call on CPU, 4 % of a 0.5B decode step; while tracing,
+    exporting, or when `torch.ops.trtforge.paged_attention` has been swapped
     (plugins/paged_attention/onnx_export.redirect_paged_attention), the op as it stands.
     int8_kv: the same for `paged_attention_int8kv` (called with kv_scales as its last argument)."""
     op = torch.ops.trtforge.paged_attention_int8kv if int8_kv else torch.ops.trtforge.paged_attention
     if (not isinstance(op, torch._ops.OpOverloadPacket) or torch.compiler.is_compiling()
             or torch.compiler.is_exporting() or is_fake(q) or torch.is_grad_enabled()):
         return op
+    if chosen is not None:
+        return chosen.function(int8_kv)
     return resolve_impl(q.device, int8_kv)
 
 

@@ -20,7 +20,9 @@ path. Results equal the network's up to float32 rounding (tests/serving/worker/t
 Weight-only quantized engines run the same plan with the quantized GEMV (plugins/cpu/quant_linear.c)
 for their decoder linears (QuantLinear) and their LM head when it is quantized too (a tied one also
 supplies the embeddings: QuantEmbedding dequantises the looked-up rows) — the int8-activation kernel
-where it takes the layer, exactly as QuantLinear's decode path chooses (plugins/cpu/quant_linear.py).
+where it takes the layer, exactly as each QuantLinear was built to run (its `a8`: models/quantized_layers.py).
+Which linears qualify is decided by the layers the network was built with (models/layers.py): a
+CpuLinear, the tied LM head on `cpu_linear`, or a QuantLinear on its C kernels.
 """
 
 from __future__ import annotations
@@ -30,12 +32,12 @@ from typing import Any
 
 import torch
 
-from trtforge.plugins.cpu import fused as cpu_fused, linear as cpu_linear, quant_linear as cpu_quant
-from trtforge.plugins.cpu.linear import GEMV_MAX_ROWS, CpuLinear
+from trtforge.models.layers import TiedLMHead
 from trtforge.models.quantized_layers import QuantLinear
 from trtforge.models.rope import rotary_cos_sin
+from trtforge.plugins.cpu import fused as cpu_fused, linear as cpu_linear, quant_linear as cpu_quant
+from trtforge.plugins.cpu.linear import GEMV_MAX_ROWS, CpuLinear
 from trtforge.plugins.paged_attention import cpu_native
-
 from trtforge.serving.worker.model_inputs import ModelInputs
 
 
@@ -44,25 +46,27 @@ def _ptr(t: torch.Tensor | None) -> int | None:
 
 
 def _plan_linear(m: Any) -> bool:
-    """A linear the plan can call: float32 CpuLinear, or a QuantLinear its C kernel takes."""
+    """A linear the plan can call: float32 CpuLinear (or the tied head on the same kernel), or a
+    QuantLinear built for its C kernels and of a shape they take."""
     if isinstance(m, QuantLinear):
-        return (m.in_features % 8 == 0 and (m.group or 8) % 8 == 0 and m.scales.device.type == "cpu"
+        return (m.native and m.in_features % 8 == 0 and (m.group or 8) % 8 == 0 and m.scales.device.type == "cpu"
                 and (m.bias is None or m.bias.dtype == torch.float32))
-    return isinstance(m, CpuLinear) and m.in_features % 8 == 0
+    dense = isinstance(m, CpuLinear) or (isinstance(m, TiedLMHead) and m.kernel is cpu_linear.cpu_linear)
+    return dense and m.in_features % 8 == 0
 
 
 def _quant_gemv(lin: QuantLinear, x: int, t: int, y: int) -> tuple:
     """The call tuple (function, arguments but threads) of the quantized GEMV of `lin`: the
-    int8-activation kernel where it takes the layer (cpu_quant.gemv_function), as QuantLinear runs it.
+    int8-activation kernel where the layer uses it (`lin.a8`), as QuantLinear runs it.
     Every GEMV of the plan returns None or 0; an int8-activation one nonzero when out of memory."""
-    fn, _ = cpu_quant.gemv_function(lin.scheme, lin.in_features, lin.group)
+    fn = cpu_quant.gemv_function(lin.scheme, lin.a8)
     args = (x, t, lin.qweight.data_ptr(), lin.scales.data_ptr(), _ptr(lin.bias), y, lin.out_features, lin.in_features)
     return (fn, *args) if lin.scheme == "int8_wo" else (fn, *args, lin.group)
 
 
 def _linears(network: Any) -> list[Any]:
     """The linears the plan calls: the LM head, then each layer's qkv, o_proj, gate_up, down."""
-    return [network.head_linear] + [m for layer in network.layers for m in (
+    return [network.head] + [m for layer in network.layers for m in (
         layer.attn.qkv, layer.attn.o_proj, layer.mlp.gate_up, layer.mlp.down)]
 
 
@@ -85,8 +89,7 @@ class CpuDecodePlan:
         self.cfg = network.cfg
         self._prepared: dict[int, tuple[dict[str, torch.Tensor], list[tuple], tuple]] = {}
         self._buffers: dict[str, torch.Tensor] = {}  # [rows, width] each; a step of t tokens uses rows :t
-        all_a8 = all(isinstance(m, QuantLinear) and cpu_quant.a8_ok(m.in_features, m.scheme, m.group)
-                     for m in _linears(network))
+        all_a8 = all(isinstance(m, QuantLinear) and m.a8 for m in _linears(network))
         self.max_rows = A8_MAX_ROWS if all_a8 else GEMV_MAX_ROWS
         """Most tokens a step may have: the float GEMVs' limit, or A8_MAX_ROWS where every linear is
         an int8-activation kernel (which takes any number of rows)."""
@@ -144,7 +147,7 @@ class CpuDecodePlan:
         p = {name: b.data_ptr() for name, b in buf.items()}
         eps = ctypes.c_float(c.norm_eps)
 
-        def gemv(x: str, lin: CpuLinear | QuantLinear, y: str) -> tuple:
+        def gemv(x: str, lin: CpuLinear | TiedLMHead | QuantLinear, y: str) -> tuple:
             if isinstance(lin, QuantLinear):
                 return _quant_gemv(lin, p[x], t, p[y])
             return (self.linear.trtforge_gemv, p[x], t, lin.weight.data_ptr(), _ptr(lin.bias), p[y],
@@ -212,7 +215,7 @@ class CpuDecodePlan:
             if down[0](*down[1:], threads):
                 _failed("down")
         final[0](*final[1:])
-        head = net.head_linear
+        head = net.head
         logits = torch.empty(t, head.out_features)
         if isinstance(head, QuantLinear):
             call = _quant_gemv(head, buf["h"].data_ptr(), t, logits.data_ptr())

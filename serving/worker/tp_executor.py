@@ -17,7 +17,6 @@ sends STOP and waits for the ranks it started.
 
 from __future__ import annotations
 
-import os
 import threading
 import time
 import weakref
@@ -26,32 +25,22 @@ import torch
 import torch.distributed as dist
 
 from trtforge.models.engine_dir import EngineConfig
-
 from trtforge.serving.worker import tp_comm
 from trtforge.serving.worker.model_inputs import ModelInputs
-from trtforge.serving.worker.tp_launch import THREADS_ENV, Child, Launch, LaunchError, launch_from_env, open_store, spawn_ranks, stop_children, \
-    wait_for_ranks
-from trtforge.serving.worker.tp_rank import load_rank
+from trtforge.serving.worker.tp_launch import (
+    Child,
+    LaunchError,
+    launch_from_env,
+    open_store,
+    spawn_ranks,
+    stop_children,
+    wait_for_ranks,
+)
+from trtforge.serving.worker.tp_rank import cpu_threads, load_rank, rank_device
 
 
 class TensorParallelError(RuntimeError):
     """The tensor-parallel group broke (a rank died or stopped answering)."""
-
-
-def cpu_threads(launch: Launch) -> int:
-    """This host's cores divided among the ranks that run on it (TRTFORGE_TP_THREADS overrides)."""
-    if os.environ.get(THREADS_ENV):
-        return max(1, int(os.environ[THREADS_ENV]))
-    cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
-    return max(1, cores // launch.local_ranks)
-
-
-def rank_device(device: str | torch.device, local_rank: int) -> torch.device:
-    device = torch.device(device)
-    if device.type == "cuda":
-        device = torch.device("cuda", local_rank if device.index is None else device.index + local_rank)
-        torch.cuda.set_device(device)
-    return device
 
 
 class _Group:

@@ -18,16 +18,20 @@ import sys
 import torch
 
 from trtforge.models.engine_dir import read_engine_config
-
 from trtforge.serving.worker import tp_comm
-from trtforge.serving.worker.tp_launch import THREADS_ENV, LaunchError, launch_from_env, open_store, spawn_ranks, stop_children
-from trtforge.serving.worker.tp_rank import load_rank
+from trtforge.serving.worker.tp_launch import (
+    THREADS_ENV,
+    LaunchError,
+    launch_from_env,
+    open_store,
+    spawn_ranks,
+    stop_children,
+)
+from trtforge.serving.worker.tp_rank import cpu_threads, load_rank, rank_device
 
 
 def serve_rank(engine_dir: str, device: str = "cpu") -> int:
     """Run this process's rank until rank 0 says STOP; returns the steps run."""
-    from trtforge.serving.worker.tp_executor import cpu_threads, rank_device
-
     cfg = read_engine_config(engine_dir)
     launch = launch_from_env(cfg.tp_size)
     if launch.rank == 0:

@@ -13,10 +13,11 @@ import torch
 from tests.helpers.checkpoints import VARIANTS, make_variant
 from trtforge.builder.build import build_engine
 from trtforge.builder.build_config import BuildConfig
-from trtforge.serving.engine import LLMEngine
-from trtforge.serving.worker.model_inputs import prepare_inputs
+from trtforge.config.runtime import RuntimeConfig
 from trtforge.config.sampling import SamplingParams
 from trtforge.serving.core.scheduler import ScheduledChunk, SchedulerOutput
+from trtforge.serving.engine import LLMEngine
+from trtforge.serving.worker.model_inputs import prepare_inputs
 
 DEVICE = os.environ.get("TRTFORGE_TEST_DEVICE", "cpu")
 PROMPT_LENGTHS = (3, 17, 33, 50)  # cross 16-token block boundaries; one shorter than a block
@@ -38,7 +39,7 @@ def _engine(tmp_path, ckpt, dtype="float32") -> LLMEngine:
     out, _ = build_engine(str(ckpt), tmp_path / f"engine-{dtype}",
                           BuildConfig(dtype=dtype, max_batch_size=8, max_num_tokens=256, kv_cache_memory="16MiB"),
                           progress=False)
-    return LLMEngine.from_engine_dir(out, device=DEVICE)
+    return LLMEngine.from_engine_dir(out, RuntimeConfig(device=DEVICE))
 
 
 def _prompt_logits(engine: LLMEngine, prompts: list[list[int]]) -> list[torch.Tensor]:
@@ -114,11 +115,15 @@ def test_bfloat16_engine_close_to_float32(tmp_path, name):
 @pytest.mark.skipif(DEVICE != "cpu", reason="the oneDNN linear path is the CPU engine's")
 def test_cpu_onednn_linears_match_plain_torch(tmp_path, monkeypatch):
     ckpt = make_variant(tmp_path / "ckpt", "llama-gqa-llama3rope")
+    from trtforge.plugins.cpu.linear import CpuLinear
+
     packed = _engine(tmp_path, ckpt)
-    assert packed.executor.network.head_linear is not None, "float32 CPU engines use their own CPU linears"
+    net = packed.executor.network
+    assert isinstance(net.head, CpuLinear) and isinstance(net.layers[0].attn.qkv, CpuLinear), \
+        "float32 CPU engines are built with their own CPU linears"
     monkeypatch.setenv("TRTFORGE_CPU_ONEDNN", "0")
     plain = LLMEngine.from_engine_dir(tmp_path / "engine-float32")
-    assert plain.executor.network.head_linear is None
+    assert type(plain.executor.network.head) is torch.nn.Linear
     prompts = _prompts(packed.engine_config.model.vocab_size)
     for a, b in zip(_prompt_logits(packed, prompts), _prompt_logits(plain, prompts)):
         torch.testing.assert_close(a, b, atol=1e-5, rtol=0)

@@ -14,10 +14,10 @@ from safetensors.torch import load_file
 from tests.helpers.checkpoints import make_checkpoint
 from trtforge.builder.build import build_engine
 from trtforge.builder.build_config import BuildConfig
+from trtforge.cli.main import main
 from trtforge.models.errors import BuildError
 from trtforge.models.quantized_layers import QuantLinear
 from trtforge.plugins.cpu import quant_linear as ql
-from trtforge.cli.main import main
 from trtforge.serving.engine import LLMEngine
 
 

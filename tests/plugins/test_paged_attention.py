@@ -3,6 +3,7 @@ the KV write, the op registration (opcheck) and implementation selection."""
 
 from __future__ import annotations
 
+import contextlib
 import math
 import os
 import subprocess
@@ -12,6 +13,7 @@ import pytest
 import torch
 
 import trtforge.plugins.paged_attention as pa
+from trtforge.plugins import kernels
 from trtforge.plugins.paged_attention import cpu, cpu_native, op, reference
 from trtforge.plugins.paged_attention.testing import make_case
 
@@ -37,17 +39,24 @@ def torch_decode(monkeypatch):
     monkeypatch.setattr(cpu_native, "MAX_CONTEXT_TOKENS", -1)
 
 
+_forced = contextlib.ExitStack()
+
+
+def force(impl: str) -> None:
+    """Force the attention implementation for the rest of the test (kernels.override, undone by _default_impl)."""
+    _forced.enter_context(kernels.override(attention=impl))
+
+
 @pytest.fixture(autouse=True)
 def _default_impl(monkeypatch):
     monkeypatch.delenv(op.ENV_VAR, raising=False)
-    op.set_attention_impl(None)
     yield
-    op.set_attention_impl(None)
+    _forced.close()
 
 
 def run_op(case, impl: str) -> torch.Tensor:
     """Run the registered op with implementation `impl` on the case (mutates case.kv_cache)."""
-    op.set_attention_impl(impl)
+    force(impl)
     return torch.ops.trtforge.paged_attention(*case.op_args())
 
 
@@ -152,7 +161,7 @@ def test_wrapper_takes_metadata():
 @pytest.mark.parametrize("impl", ["reference", "cpu"])
 def test_opcheck(impl):
     """Validates the schema (mutation of kv_cache only), the fake impl and tracing support."""
-    op.set_attention_impl(impl)
+    force(impl)
     case = make_case([(3, 2), (5, 1)], block_size=4, num_heads=4, num_kv_heads=2, head_dim=8)
     torch.library.opcheck(torch.ops.trtforge.paged_attention.default, case.op_args())
 
@@ -161,16 +170,16 @@ def test_impl_selection(monkeypatch):
     assert op.resolve_impl(torch.device("cpu")) is cpu.paged_attention
     monkeypatch.setenv(op.ENV_VAR, "reference")
     assert op.resolve_impl(torch.device("cpu")) is reference.paged_attention
-    op.set_attention_impl("cpu")  # the explicit choice beats the environment
+    force("cpu")  # the explicit choice beats the environment
     assert op.resolve_impl(torch.device("cpu")) is cpu.paged_attention
     # auto on CUDA: the Triton kernels if they import, else the torch path; never an error.
-    op.set_attention_impl("auto")
+    force("auto")
     assert op.resolve_impl(torch.device("cuda")) in (op._triton_impl, cpu.paged_attention)
 
 
 def test_bad_impl_names_explain_themselves(monkeypatch):
     with pytest.raises(ValueError, match="'fast'.*choose one of"):
-        op.set_attention_impl("fast")
+        force("fast")
     monkeypatch.setenv(op.ENV_VAR, "cuda")
     with pytest.raises(ValueError, match="TRTFORGE_ATTENTION_IMPL='cuda'"):
         op.resolve_impl(torch.device("cpu"))
@@ -192,12 +201,13 @@ def test_cpu_path_refuses_kv_cache_of_another_dtype():
 
 TRITON_THROUGH_OP = """
 import torch
-from trtforge.plugins.paged_attention import op, reference
+from trtforge.plugins import kernels
+from trtforge.plugins.paged_attention import reference
 from trtforge.plugins.paged_attention.testing import make_case
 case = make_case([(5, 3), (9, 1), (0, 6)], block_size=4, num_heads=4, num_kv_heads=2)
 expected = reference.paged_attention(*case.clone().op_args())
-op.set_attention_impl("triton")
-got = torch.ops.trtforge.paged_attention(*case.op_args())
+with kernels.override(attention="triton"):
+    got = torch.ops.trtforge.paged_attention(*case.op_args())
 torch.testing.assert_close(got, expected, atol=1e-5, rtol=1e-5)
 """
 
@@ -224,7 +234,7 @@ class _Attend(torch.nn.Module):
 
 def test_torch_export_with_dynamic_batch():
     """The op exports as one node with dynamic token/sequence counts and runs another batch."""
-    op.set_attention_impl("cpu")
+    force("cpu")
     small = make_case([(3, 2), (5, 1)], block_size=4, spare_blocks=3)
     tokens, seqs = torch.export.Dim("tokens", max=4096), torch.export.Dim("seqs", max=256)
     width = torch.export.Dim("width", max=4096)

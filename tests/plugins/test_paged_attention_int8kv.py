@@ -4,11 +4,13 @@ derived from the quantisation step."""
 
 from __future__ import annotations
 
+import contextlib
 import math
 
 import pytest
 import torch
 
+from trtforge.plugins import kernels
 from trtforge.plugins.paged_attention import cpu, cpu_native, op, reference
 from trtforge.plugins.paged_attention.reference import dequantize_kv, quantize_kv
 from trtforge.plugins.paged_attention.testing import make_case
@@ -25,12 +27,19 @@ FP32_TOL = dict(atol=1e-5, rtol=1e-5)  # same stored values, float32 summation o
 BF16_TOL = dict(atol=2e-2, rtol=2e-2)  # bf16 queries/outputs: ~4e-3 relative rounding, as there
 
 
+_forced = contextlib.ExitStack()
+
+
+def force(impl: str) -> None:
+    """Force the attention implementation for the rest of the test (kernels.override, undone by _default_impl)."""
+    _forced.enter_context(kernels.override(attention=impl))
+
+
 @pytest.fixture(autouse=True)
 def _default_impl(monkeypatch):
     monkeypatch.delenv(op.ENV_VAR, raising=False)
-    op.set_attention_impl(None)
     yield
-    op.set_attention_impl(None)
+    _forced.close()
 
 
 @pytest.fixture
@@ -85,7 +94,7 @@ def test_reference_is_float_attention_over_the_dequantised_cache():
 
 
 def _run(case, impl: str) -> torch.Tensor:
-    op.set_attention_impl(impl)
+    force(impl)
     return torch.ops.trtforge.paged_attention_int8kv(*case.op_args())
 
 
@@ -166,7 +175,7 @@ def test_int8_vs_float_kv_within_the_quantisation_bound(scenario):
 
 
 def test_opcheck_and_the_float_op_unchanged():
-    op.set_attention_impl("cpu")
+    force("cpu")
     case = make_case([(3, 2), (5, 1)], block_size=4, num_heads=4, num_kv_heads=2, head_dim=8).int8_kv()
     torch.library.opcheck(torch.ops.trtforge.paged_attention_int8kv.default, case.op_args())
     with pytest.raises(ValueError, match="int8 kv_cache"):
@@ -175,7 +184,7 @@ def test_opcheck_and_the_float_op_unchanged():
 
 
 def test_triton_impl_refuses_int8_kv():
-    op.set_attention_impl("triton")
+    force("triton")
     case = make_case([(3, 1)], block_size=4).int8_kv()
     with pytest.raises(RuntimeError, match="int8 KV"):
         torch.ops.trtforge.paged_attention_int8kv(*case.op_args())

@@ -10,12 +10,12 @@ import torch
 from click.testing import CliRunner
 from onnx import helper
 
-from trtforge.models.errors import BuildError
-from trtforge.models.loader import load_network
-from trtforge.models.engine_dir import read_engine_config
-from trtforge.cli.onnx import export_onnx_cmd, verify_onnx_cmd
 from trtforge.builder.tensorrt.onnx_export import check_graph, input_names, output_names
 from trtforge.builder.tensorrt.onnx_verify import verify
+from trtforge.cli.onnx import export_onnx_cmd, verify_onnx_cmd
+from trtforge.models.engine_dir import read_engine_config
+from trtforge.models.errors import BuildError
+from trtforge.models.loader import load_network
 from trtforge.plugins.paged_attention.names import DOMAIN, OP_TYPE, PLUGIN_NAMESPACE, PLUGIN_VERSION, QUALIFIED_NAME
 
 ARCHS = ("llama", "qwen2", "qwen3", "gpt2")  # as in conftest.py

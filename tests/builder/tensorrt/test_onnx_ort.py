@@ -8,8 +8,15 @@ import torch
 from onnx import TensorProto, helper
 
 from trtforge.plugins.paged_attention import reference
-from trtforge.plugins.paged_attention.names import (DOMAIN, DOMAIN_VERSION, INPUT_NAMES, OP_TYPE, OUTPUT_NAMES,
-                                                  PLUGIN_NAMESPACE, PLUGIN_VERSION)
+from trtforge.plugins.paged_attention.names import (
+    DOMAIN,
+    DOMAIN_VERSION,
+    INPUT_NAMES,
+    OP_TYPE,
+    OUTPUT_NAMES,
+    PLUGIN_NAMESPACE,
+    PLUGIN_VERSION,
+)
 from trtforge.plugins.paged_attention.onnx_ort import make_session
 from trtforge.plugins.paged_attention.testing import make_case
 

@@ -11,10 +11,10 @@ import torch
 from click.testing import CliRunner
 
 from trtforge.builder.build_config import BuildConfig
+from trtforge.builder.tensorrt.build import profile_shapes
+from trtforge.builder.tensorrt.onnx_export import input_names
 from trtforge.cli.build import build_engine as build_engine_cmd
 from trtforge.models.engine_dir import read_engine_config
-from trtforge.builder.tensorrt.onnx_export import input_names
-from trtforge.builder.tensorrt.build import profile_shapes
 from trtforge.serving.worker.trt_executor import TensorRTNetwork, TensorRTUnavailable
 
 HAVE_TRT = importlib.util.find_spec("tensorrt") is not None and torch.cuda.is_available()
@@ -55,10 +55,10 @@ def test_tensorrt_executor_load_fails_clearly(checkpoint, tmp_path):
 
 
 def _engine_config(max_batch_size=8, max_num_tokens=96, max_seq_len=100, block=16):
-    from trtforge.models.engine_dir import EngineConfig
-    from trtforge.builder.hf_config import model_config_from_hf
     from trtforge.builder.demo_checkpoint import hf_config
+    from trtforge.builder.hf_config import model_config_from_hf
     from trtforge.builder.tokenizer_training import train_tiny_tokenizer
+    from trtforge.models.engine_dir import EngineConfig
 
     tok = train_tiny_tokenizer(vocab_size=300)
     model = model_config_from_hf(hf_config("llama", "tiny", tok))
@@ -90,8 +90,8 @@ def test_profiles_split_decode_and_prefill_over_every_input():
 @needs_trt
 def test_tensorrt_engine_matches_torch_engine_on_gpu(checkpoint, tmp_path):
     from trtforge.builder.build import build_engine
-    from trtforge.models.loader import load_network
     from trtforge.builder.tensorrt.onnx_verify import DEFAULT_STEPS, _Batcher
+    from trtforge.models.loader import load_network
     from trtforge.plugins.paged_attention.metadata import AttentionMetadata
 
     build = dict(dtype="float16", max_batch_size=4, max_num_tokens=64, max_seq_len=64,

@@ -216,13 +216,19 @@ def test_a8_shapes_it_does_not_take():
 
 
 def test_a8_can_be_switched_off(monkeypatch):
-    monkeypatch.setattr(ql, "INT8_ACTIVATIONS", False)
-    assert not ql.a8_ok(128, "int8_wo", 0)
-    fn, a8 = ql.gemv_function("int4_wo", 128, 32)
-    assert not a8 and fn is ql.library().trtforge_gemv_int4
-    monkeypatch.setattr(ql, "INT8_ACTIVATIONS", True)
-    fn, a8 = ql.gemv_function("int4_wo", 128, 32)
-    assert a8 and fn is ql.library().trtforge_gemv_int4_a8
+    """TRTFORGE_QUANT_ACTIVATIONS=float: the kernels registry's quant_activations, which a QuantLinear
+    takes when it is built (the shape would still allow int8 activations)."""
+    from trtforge.models.quantized_layers import QuantLinear
+    from trtforge.plugins import kernels
+
+    assert QuantLinear(128, 18, False, "int4_wo", 32).a8
+    monkeypatch.setenv(kernels.QUANT_ACTIVATIONS_ENV, "float")
+    assert kernels.choose("cpu", torch.float32).quant_activations == "float"
+    assert not QuantLinear(128, 18, False, "int4_wo", 32).a8 and ql.a8_ok(128, "int4_wo", 32)
+    with kernels.override(quant_activations="int8"):  # an override beats the environment
+        assert QuantLinear(128, 18, False, "int4_wo", 32).a8
+    assert ql.gemv_function("int4_wo", False) is ql.library().trtforge_gemv_int4
+    assert ql.gemv_function("int4_wo", True) is ql.library().trtforge_gemv_int4_a8
 
 
 @pytest.mark.skipif(platform.machine() not in ("x86_64", "AMD64"), reason="-mno-avx2 is an x86 flag")
@@ -249,26 +255,32 @@ def test_portable_scalar_a8_kernels(tmp_path, monkeypatch):
 
 
 @pytest.mark.parametrize("scheme,group", [("int8_wo", 0), ("int4_wo", 128), ("int4_wo", 32)])
-def test_quant_linear_takes_the_a8_kernel_for_prefill_too(scheme, group, monkeypatch):
-    """QuantLinear (builder/quant_linear.py) with more than GEMV_MAX_ROWS rows: the int8-activation
-    kernel (the integer reference) by default; with float activations the dequantise + GEMM path
+def test_quant_linear_takes_the_a8_kernel_for_prefill_too(scheme, group):
+    """QuantLinear (models/quantized_layers.py) with more than GEMV_MAX_ROWS rows: the int8-activation
+    kernel (the integer reference) by default; built with float activations the dequantise + GEMM path
     (the float product on the dequantised weights)."""
     from trtforge.models.quantized_layers import QuantLinear
+    from trtforge.plugins import kernels
     from trtforge.plugins.cpu.linear import GEMV_MAX_ROWS
 
     k, n, rows = 256, 18, GEMV_MAX_ROWS * 3 + 5
     x, q, s, b = _a8_case(scheme, group, rows, k, True, seed=11)
-    lin = QuantLinear(k, n, True, scheme, group or 128)
-    lin.qweight.copy_(q), lin.scales.copy_(s)
-    with torch.no_grad():
-        lin.bias.copy_(b)
+
+    def layer(choice: kernels.Kernels | None = None) -> QuantLinear:
+        lin = QuantLinear(k, n, True, scheme, group or 128, kernels=choice)
+        lin.qweight.copy_(q), lin.scales.copy_(s)
+        with torch.no_grad():
+            lin.bias.copy_(b)
+        return lin
+
     want, m = ql.gemv_a8_reference(x, q, s, b, scheme, group)
     with torch.inference_mode():
-        got = lin(x.view(1, rows, k)).view(rows, n)
+        got = layer()(x.view(1, rows, k)).view(rows, n)
     assert (got.double() - want).abs().le(_a8_tolerance(m, k, group)).all()
-    monkeypatch.setattr(ql, "INT8_ACTIVATIONS", False)
+    with kernels.override(quant_activations="float"):
+        float_acts = layer(kernels.choose("cpu", torch.float32))
     with torch.inference_mode():
-        got = lin(x)
+        got = float_acts(x)
     exact, tol = _exact_and_tolerance(x, ql.dequantize(q, s, scheme, group), b)
     assert (got.double() - exact).abs().le(tol).all()
     assert (got.double() - want).abs().max() > 0  # the two paths really differ (activation rounding)

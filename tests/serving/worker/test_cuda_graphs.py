@@ -11,6 +11,7 @@ import torch
 from tests.helpers.checkpoints import make_checkpoint
 from trtforge.builder.build import build_engine
 from trtforge.builder.build_config import BuildConfig
+from trtforge.config.runtime import RuntimeConfig
 from trtforge.serving.worker.cuda_graphs import CudaGraphRunner
 from trtforge.serving.engine import LLMEngine
 from trtforge.config.sampling import SamplingParams
@@ -48,7 +49,7 @@ def test_padded_static_decode_matches_eager_on_cpu(engine_dir):
 
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU (CUDA graph capture)")
 def test_cuda_graph_decode_matches_eager_on_gpu(engine_dir):
-    eager = _greedy(LLMEngine.from_engine_dir(engine_dir, device="cuda"))
-    graphed = LLMEngine.from_engine_dir(engine_dir, device="cuda", cuda_graphs=True)
+    eager = _greedy(LLMEngine.from_engine_dir(engine_dir, RuntimeConfig(device="cuda")))
+    graphed = LLMEngine.from_engine_dir(engine_dir, RuntimeConfig(device="cuda", cuda_graphs=True))
     assert graphed.executor.graphs is not None and graphed.executor.graphs.graphs
     assert _greedy(graphed) == eager
