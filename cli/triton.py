@@ -9,37 +9,39 @@ from pathlib import Path
 import click
 
 from trtforge.config.fields import dataclass_options
+from trtforge.config.runtime import Phase, RuntimeConfig
 from trtforge.config.scheduler import SchedulerConfig
-from trtforge.model_repo import phases as D
-from trtforge.model_repo.params import ENGINE_FIELDS
+from trtforge.model_repo.params import AdapterOptions
+from trtforge.model_repo.phases import CPU_THREADS, CPUS, PHASE_DOCS, ROUTER, scheduler_fields
+from trtforge.models.errors import EngineLoadError
 
 from trtforge.bench.serve import serve as bench_serve_command  # noqa: F401  (`trtforge bench serve`)
 from trtforge.cli.bench_soak import soak as bench_soak_command  # noqa: F401  (`trtforge bench soak`)
 from trtforge.bench.disagg_report import disaggregated as bench_disagg_command  # noqa: F401  (`trtforge bench disaggregated`)
 
 
+CONTEXT_RUNTIME_FIELDS = ("handoff_timeout_s", "kv_connector", "kv_advertise_host")
+"""The RuntimeConfig fields only the context model takes (its KV handoff)."""
+
+
 def _phase_options(fn):
     """--context-… and --generation-… options of `emit-repo --disaggregated`."""
-    for phase in (D.GENERATION, D.CONTEXT):
+    for phase in (Phase.GENERATION, Phase.CONTEXT):
         dest = f"{phase}__"
         fn = click.option(f"--{phase}-instances", dest + "instances", type=int, default=1,
                           help=f"Instances (processes, each with its own engine) of the {phase} model. "
                                "[default: 1]")(fn)
         fn = click.option(f"--{phase}-cpu-threads", dest + "cpu_threads", type=int, default=None,
-                          help=D.PHASE_DOCS[D.CPU_THREADS])(fn)
+                          help=PHASE_DOCS[CPU_THREADS])(fn)
         fn = click.option(f"--{phase}-cpus", dest + "cpus", default="",
-                          help=f"{phase} model: " + D.PHASE_DOCS[D.CPUS])(fn)
+                          help=f"{phase} model: " + PHASE_DOCS[CPUS])(fn)
         fn = click.option(f"--{phase}-kv-cache-memory", dest + "kv_cache_memory", default=None,
                           help=f"KV cache memory of the {phase} model, e.g. 512MiB "
                                "(default: engine.json's budget).")(fn)
-        if phase == D.CONTEXT:
-            fn = click.option("--context-handoff-timeout-s", dest + "handoff_timeout_s", type=float,
-                              default=None, help=D.PHASE_DOCS[D.HANDOFF_TIMEOUT] + " [default: 30]")(fn)
-            fn = click.option("--context-kv-connector", dest + "kv_connector", default=None,
-                              help=D.PHASE_DOCS[D.KV_CONNECTOR] + " [default: shm]")(fn)
-            fn = click.option("--context-kv-advertise-host", dest + "kv_advertise_host", default=None,
-                              help=D.PHASE_DOCS[D.KV_ADVERTISE_HOST])(fn)
-        fn = dataclass_options(SchedulerConfig, only=D.scheduler_fields(phase), prefix=f"{phase}-",
+        if phase == Phase.CONTEXT:  # --context-handoff-timeout-s, --context-kv-connector, …
+            fn = dataclass_options(RuntimeConfig, only=CONTEXT_RUNTIME_FIELDS, prefix=f"{phase}-",
+                                   dest_prefix=dest)(fn)
+        fn = dataclass_options(SchedulerConfig, only=scheduler_fields(phase), prefix=f"{phase}-",
                                dest_prefix=dest,
                                default_text="the engine's engine.json value, else {default}")(fn)
     return fn
@@ -48,12 +50,13 @@ def _phase_options(fn):
 @click.command("emit-repo")
 @click.argument("engine_dir", type=click.Path(exists=True, file_okay=False))
 @click.argument("repo_dir", type=click.Path(file_okay=False))
-@click.option("--device", default="cpu", show_default=True,
-              help="Device the engine runs on inside Triton: cpu | cuda | cuda:N.")
+@click.option("--device", default=RuntimeConfig.device, show_default=True,
+              help=RuntimeConfig.field_docs()["device"])
 @click.option("--triton-max-batch-size", type=int, default=None,
               help="max_batch_size of the Triton model (the batch dimension clients send; one "
                    "prompt per request). Default: the engine's max_batch_size.")
-@click.option("--exclude-input-in-output/--include-input-in-output", default=False,
+@click.option("--exclude-input-in-output/--include-input-in-output",
+              default=AdapterOptions.exclude_input_in_output,
               show_default=True,
               help="Default for requests that do not send exclude_input_in_output: leave the "
                    "prompt out of non-streamed text_output (TensorRT-LLM includes it).")
@@ -67,7 +70,8 @@ def _phase_options(fn):
               help="Separate context (prefill) and generation (decode) models behind the "
                    "ensemble, each with its own --context-… / --generation-… parameters "
                    "(trtllm engines: TensorRT-LLM's disaggregated repository, two GPUs).")
-@click.option("--only", type=click.Choice(["context", "generation", "router"]), default=None,
+@click.option("--only", type=click.Choice([Phase.CONTEXT.value, Phase.GENERATION.value, ROUTER]),
+              default=None,
               help="With --disaggregated: write just this model, for servers on different hosts "
                    "(a context server with --context-kv-connector tcp://…, a generation server, and a "
                    "router server with --context-url/--generation-url).")
@@ -75,7 +79,8 @@ def _phase_options(fn):
               help="--only router: gRPC HOST:PORT of a context server (repeatable).")
 @click.option("--generation-url", "generation_urls", multiple=True,
               help="--only router: gRPC HOST:PORT of a generation server (repeatable).")
-@dataclass_options(SchedulerConfig, exclude=ENGINE_FIELDS, default_text="the engine's engine.json value, else {default}")
+@dataclass_options(SchedulerConfig, exclude=SchedulerConfig.ENGINE_FIELDS,
+                   default_text="the engine's engine.json value, else {default}")
 @_phase_options
 def emit_repo_command(engine_dir: str, repo_dir: str, device: str,
                       triton_max_batch_size: int | None, exclude_input_in_output: bool,
@@ -106,10 +111,10 @@ def emit_repo_command(engine_dir: str, repo_dir: str, device: str,
                          kv_cache_memory=kv_cache_memory,
                          trtllm_models_dir=trtllm_models_dir, disaggregated=disaggregated,
                          **phases, **scheduler)
-    except (ValueError, FileNotFoundError) as exc:
+    except (ValueError, FileNotFoundError, EngineLoadError) as exc:
         raise click.ClickException(str(exc)) from None
-    models = ({"context": "`context`", "generation": "`generation`", "router": "`ensemble` (router)"}[only]
-              if only else "`ensemble`, `context`, `generation`" if phases else "`ensemble`")
+    written = {Phase.CONTEXT: "`context`", Phase.GENERATION: "`generation`", ROUTER: "`ensemble` (router)"}
+    models = (written[only] if only else "`ensemble`, `context`, `generation`" if phases else "`ensemble`")
     click.echo(f"Wrote Triton model repository {repo} (models {models}). "
                f"Serve it with: trtforge serve {repo}")
 
@@ -127,10 +132,10 @@ def _phase_values(options: dict[str, object], disaggregated: bool) -> dict[str, 
     from trtforge.model_repo.disaggregated import PhaseOptions  # noqa: PLC0415
 
     out = {}
-    for phase in (D.CONTEXT, D.GENERATION):
-        mine = {k.split("__", 1)[1]: v for k, v in options.items() if k.startswith(phase + "__")}
-        out[phase] = PhaseOptions(
-            scheduler={k: mine[k] for k in D.scheduler_fields(phase) if mine.get(k) is not None},
+    for phase in (Phase.CONTEXT, Phase.GENERATION):
+        mine = {k.split("__", 1)[1]: v for k, v in options.items() if k.startswith(f"{phase}__")}
+        out[phase.value] = PhaseOptions(
+            scheduler={k: mine[k] for k in scheduler_fields(phase) if mine.get(k) is not None},
             kv_cache_memory=mine.get("kv_cache_memory"), cpus=mine.get("cpus") or "",
             cpu_threads=mine.get("cpu_threads"), instances=mine.get("instances") or 1,
             handoff_timeout_s=mine.get("handoff_timeout_s"), kv_connector=mine.get("kv_connector"),

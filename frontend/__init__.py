@@ -11,5 +11,6 @@ repository `trtforge emit-repo` writes:
 * generation.py              API request -> ensemble inputs; usage and finish reason from outputs
 * streaming.py               SSE framing; a client that leaves cancels its Triton request
 * endpoints.py               /v1/completions and /v1/chat/completions
-* server.py, frontend.py     the FastAPI app, its uvicorn thread, and `trtforge serve`'s use of it
+* server.py                  the FastAPI app and its uvicorn thread
+* service.py                 what `trtforge serve --openai-port` runs beside tritonserver
 """

@@ -20,7 +20,8 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from trtforge.model_repo.client import request_arrays
-from trtforge.frontend.responses import ChatLogprob, ChatLogprobs, CompletionLogprobs, Usage
+from trtforge.frontend.responses import (ChatLogprob, ChatLogprobs, CompletionLogprobs, FinishReason,
+                                        Usage)
 from trtforge.frontend.schemas import SamplingFields
 from trtforge.frontend.served_model import ServedModel
 from trtforge.frontend.triton_bridge import Piece
@@ -93,7 +94,7 @@ class Tally:
         return Usage(prompt_tokens=prompt, completion_tokens=completion,
                      total_tokens=prompt + completion)
 
-    def finish_reason(self) -> str:
+    def finish_reason(self) -> FinishReason:
         return "length" if self.usage().completion_tokens >= self.max_tokens else "stop"
 
 

@@ -24,7 +24,6 @@ class CompletionLogprobs(BaseModel):
 
     tokens: list[str] = Field(description="The text each token added (see docs/serving.md).")
     token_logprobs: list[float]
-    top_logprobs: list[dict[str, float]] | None = None
     text_offset: list[int]
 
 
@@ -46,17 +45,10 @@ class Completion(BaseModel):
     usage: Usage | None = None
 
 
-class TopLogprob(BaseModel):
-    token: str
-    logprob: float
-    bytes: list[int] | None = None
-
-
 class ChatLogprob(BaseModel):
     token: str = Field(description="The text this token added (see docs/serving.md).")
     logprob: float
     bytes: list[int] | None = None
-    top_logprobs: list[TopLogprob] = Field(default_factory=list)
 
 
 class ChatLogprobs(BaseModel):

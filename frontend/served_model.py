@@ -8,18 +8,19 @@ the engine directory's name unless the operator chooses one.
 
 from __future__ import annotations
 
-import json
 import os
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from trtforge.model_repo.emit import engine_parameters, read_config
-from trtforge.model_repo.interface import ENSEMBLE
-from trtforge.model_repo.params import ENGINE_DIR
 from trtforge.frontend.errors import bad_request
 from trtforge.frontend.schemas import ChatMessage
+from trtforge.model_repo.interface import ENSEMBLE
+from trtforge.model_repo.params import ENGINE_DIR
+from trtforge.model_repo.pbtxt import parameters_of, read_config
+from trtforge.models.engine_dir import read_engine_config
+from trtforge.models.errors import EngineLoadError
 
 
 @dataclass
@@ -30,7 +31,7 @@ class ServedModel:
     """The model id of the API (GET /v1/models)."""
     engine_dir: Path
     tokenizer: Any
-    """transformers tokenizer of the engine (AutoTokenizer)."""
+    """The engine's tokenizer, as the engine loads it (models/loader.load_tokenizer)."""
     max_seq_len: int
     """Prompt + output tokens the engine allows per request."""
     triton_model: str = ENSEMBLE
@@ -66,7 +67,7 @@ def engine_dir_of(repo: str | os.PathLike) -> Path:
     if not config_path.is_file():
         raise FileNotFoundError(f"{repo} has no {ENSEMBLE}/config.pbtxt; write the repository "
                                 "with `trtforge emit-repo ENGINE_DIR REPO_DIR`.")
-    value = engine_parameters(read_config(config_path)).get(ENGINE_DIR, "")
+    value = parameters_of(read_config(config_path)).get(ENGINE_DIR, "")
     if not value:
         raise ValueError(f"{config_path} has no {ENGINE_DIR!r} parameter; re-emit the "
                          "repository with `trtforge emit-repo`.")
@@ -77,17 +78,16 @@ def engine_dir_of(repo: str | os.PathLike) -> Path:
 
 def load_served_model(repo: str | os.PathLike, name: str | None = None) -> ServedModel:
     """Read the repository and its engine's tokenizer; FileNotFoundError/ValueError say why not."""
-    from transformers import AutoTokenizer  # noqa: PLC0415 - heavy; only when serving
+    from trtforge.models.loader import load_tokenizer  # noqa: PLC0415 - heavy; only when serving
 
     engine_dir = engine_dir_of(repo)
-    engine_json = engine_dir / "engine.json"
-    if not engine_json.is_file():
-        raise FileNotFoundError(f"{engine_dir} (the repository's {ENGINE_DIR}) is not an engine "
-                                "directory: it has no engine.json.")
-    build = json.loads(engine_json.read_text()).get("build", {})
+    try:  # metadata only: the engine model checks the files when it loads them
+        engine = read_engine_config(engine_dir, verify_checksums=False)
+    except EngineLoadError as exc:
+        raise ValueError(f"the repository's {ENGINE_DIR}: {exc}") from None
     return ServedModel(
         name=name or engine_dir.resolve().name,
         engine_dir=engine_dir,
-        tokenizer=AutoTokenizer.from_pretrained(str(engine_dir)),
-        max_seq_len=int(build["max_seq_len"]),
+        tokenizer=load_tokenizer(engine_dir),
+        max_seq_len=engine.max_seq_len,
     )

@@ -44,15 +44,13 @@ def request_arrays(prompt: str, max_tokens: int, **options: Any) -> dict[str, np
 
 def grpc_inputs(prompt: str, max_tokens: int, **options: Any) -> list[Any]:
     """tritonclient gRPC InferInputs of one request (sync and asyncio clients take the same)."""
-    import tritonclient.grpc as grpcclient  # noqa: PLC0415 - optional dependency
-
     return infer_inputs(request_arrays(prompt, max_tokens, **options))
 
 
 def infer_inputs(arrays: dict[str, np.ndarray]) -> list[Any]:
     """tritonclient gRPC InferInputs of input arrays (with their batch dimension), typed from the
-    interface table (the ensemble's inputs and the phase models' request_type, context_phase_params
-    and stop)."""
+    interface table (the ensemble's inputs and the phase models' request_type and
+    context_phase_params)."""
     import tritonclient.grpc as grpcclient  # noqa: PLC0415 - optional dependency
 
     inputs = []

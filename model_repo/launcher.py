@@ -55,15 +55,15 @@ class TritonInstall:
 def find_tritonserver(explicit: str | os.PathLike | None = None) -> TritonInstall:
     """Locate a tritonserver; raise FileNotFoundError saying what was tried and how to fix it."""
     explicit = explicit or os.environ.get("TRTFORGE_TRITONSERVER")
-    for candidate in ([Path(explicit)] if explicit else [NGC_TRITONSERVER]):
-        if candidate.is_file():
-            root = candidate.resolve().parent.parent
-            return TritonInstall(binary=candidate, backend_dir=root / "backends", stub=None)
-        if explicit:
-            raise FileNotFoundError(
-                f"tritonserver {str(candidate)!r} does not exist; pass the path of the "
-                "tritonserver executable (e.g. /opt/tritonserver/bin/tritonserver)."
-            )
+    candidate = Path(explicit) if explicit else NGC_TRITONSERVER
+    if candidate.is_file():
+        root = candidate.resolve().parent.parent
+        return TritonInstall(binary=candidate, backend_dir=root / "backends", stub=None)
+    if explicit:
+        raise FileNotFoundError(
+            f"tritonserver {str(candidate)!r} does not exist; pass the path of the "
+            "tritonserver executable (e.g. /opt/tritonserver/bin/tritonserver)."
+        )
     try:
         import pytriton  # noqa: PLC0415 - optional dependency, only needed to serve
     except ImportError as exc:

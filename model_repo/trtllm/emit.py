@@ -27,25 +27,27 @@ from pathlib import Path
 from typing import Any
 
 from trtforge.builder.trtllm.versions import TARGET
-
-from trtforge.model_repo import params as P
-from trtforge.model_repo.emit import _checked_bytes, _write_model, config_text
+from trtforge.config.runtime import RuntimeConfig
+from trtforge.model_repo.params import KV_CACHE_MEMORY, runtime_parameters, scheduler_config
+from trtforge.model_repo.pbtxt import config_text, write_model
 from trtforge.model_repo.trtllm import configs as C
 from trtforge.model_repo.trtllm.files import model_files, stale_models
 from trtforge.model_repo.trtllm.mapping import not_carried_over
 from trtforge.model_repo.trtllm.templates import differences, facts_of, read_template
-from trtforge.model_repo.trtllm.values import Phase, TrtllmRepoOptions, python_model_parameters, tensorrt_llm_parameters
+from trtforge.model_repo.trtllm.values import (PhaseModel, TrtllmRepoOptions, python_model_parameters,
+                                               tensorrt_llm_parameters)
+from trtforge.models.engine_dir import EngineConfig
 
 log = logging.getLogger(__name__)
 
 # Upstream's disaggregated serving README: context on GPU 0 as MPI rank 1, generation on GPU 1
 # as rank 2 (rank 0 is the orchestrator).
-PHASES = (Phase("context", gpu_device_ids="0", participant_ids="1"),
-          Phase("generation", gpu_device_ids="1", participant_ids="2", chunked_context=False))
+PHASES = (PhaseModel("context", gpu_device_ids="0", participant_ids="1"),
+          PhaseModel("generation", gpu_device_ids="1", participant_ids="2", chunked_context=False))
 
 
-def emit_trtllm_repo(engine_dir: Path, repo_dir: str | os.PathLike, engine: dict, *,
-                     device: str = "cpu", triton_max_batch_size: int | None = None,
+def emit_trtllm_repo(engine_dir: Path, repo_dir: str | os.PathLike, engine: EngineConfig, *,
+                     device: str = RuntimeConfig.device, triton_max_batch_size: int | None = None,
                      exclude_input_in_output: bool = False, kv_cache_memory: str | None = None,
                      models_dir: str | os.PathLike | None = None, disaggregated: bool = False,
                      **scheduler_overrides: Any) -> Path:
@@ -53,15 +55,13 @@ def emit_trtllm_repo(engine_dir: Path, repo_dir: str | os.PathLike, engine: dict
 
     Scheduler overrides are SchedulerConfig fields, validated as for any engine; those without
     a TensorRT-LLM counterpart are reported (logged and written into tensorrt_llm's config)."""
-    P.check_unknown_overrides(scheduler_overrides)
-    given = {k: v for k, v in scheduler_overrides.items() if v is not None}
-    scheduling = P.scheduler_config_cls().for_engine(engine["build"], engine.get("scheduling", {}),
-                                                     overrides=given)
+    scheduling = scheduler_config(engine, scheduler_overrides)
+    kv_memory = runtime_parameters(kv_cache_memory=kv_cache_memory)[KV_CACHE_MEMORY]
     opts = TrtllmRepoOptions(
-        triton_max_batch_size=triton_max_batch_size or int(engine["build"]["max_batch_size"]),
-        kv_cache_memory=_checked_bytes(kv_cache_memory) or engine["build"]["kv_cache_memory"],
+        triton_max_batch_size=triton_max_batch_size or int(engine.build["max_batch_size"]),
+        kv_cache_memory=kv_memory or engine.build["kv_cache_memory"],
         exclude_input_in_output=exclude_input_in_output, gpu_device_ids=_gpu_ids(device))
-    notes = not_carried_over(scheduling, engine["build"])
+    notes = not_carried_over(scheduling, engine.build)
     configs = _configs(engine_dir, engine, scheduling, opts, disaggregated)
     source = _models_dir(models_dir)
     repo = Path(repo_dir)
@@ -74,12 +74,12 @@ def emit_trtllm_repo(engine_dir: Path, repo_dir: str | os.PathLike, engine: dict
         missing += absent
         header = _header(name, config, engine, source,
                          notes if config.backend == "tensorrtllm" else [])
-        _write_model(repo, name, config_text(config, header), files)
+        write_model(repo, name, config_text(config, header), files)
     _report(engine, notes, missing, _template_differences(configs, source))
     return repo
 
 
-def _configs(engine_dir: Path, engine: dict, scheduling: Any, opts: TrtllmRepoOptions,
+def _configs(engine_dir: Path, engine: EngineConfig, scheduling: Any, opts: TrtllmRepoOptions,
              disaggregated: bool) -> dict:
     queue = scheduling.max_queue_size
     out = {"ensemble": C.ensemble_config(opts, "disaggregated_serving_bls" if disaggregated
@@ -141,9 +141,9 @@ def _template_differences(configs: dict, source: Path | None) -> list[str]:
     return out
 
 
-def _header(name: str, config: Any, engine: dict, source: Path | None,
+def _header(name: str, config: Any, engine: EngineConfig, source: Path | None,
             notes: list[str]) -> list[str]:
-    built = engine.get("versions", {}).get("tensorrt_llm")
+    built = engine.versions.get("tensorrt_llm")
     lines = [f"Written by `trtforge emit-repo`: TensorRT-LLM's `{name}` model for an engine built "
              f"with TensorRT-LLM {built},",
              f"following the templates of tensorrtllm_backend {TARGET.backend_release} "
@@ -160,8 +160,8 @@ def _header(name: str, config: Any, engine: dict, source: Path | None,
     return lines
 
 
-def _report(engine: dict, notes: list[str], missing: list[str], diffs: list[str]) -> None:
-    built = engine.get("versions", {}).get("tensorrt_llm")
+def _report(engine: EngineConfig, notes: list[str], missing: list[str], diffs: list[str]) -> None:
+    built = engine.versions.get("tensorrt_llm")
     if built != TARGET.tensorrt_llm:
         log.warning("the engine was built with TensorRT-LLM %s; these configs follow the "
                     "templates of %s (%s)", built, TARGET.tensorrt_llm, TARGET.image)

@@ -19,8 +19,10 @@ from google.protobuf import text_format
 from tritonclient.grpc import model_config_pb2 as mc
 
 from trtforge.builder.trtllm.versions import TARGET, version_mismatch
-
+from trtforge.model_repo.pbtxt import read_config
 from trtforge.model_repo.trtllm.files import MODEL_FILES
+from trtforge.models.engine_dir import ENGINE_JSON, read_engine_config
+from trtforge.models.errors import EngineLoadError
 
 
 def installed_tensorrt_llm() -> str | None:
@@ -35,7 +37,7 @@ def _configs(repo: Path) -> dict[str, mc.ModelConfig]:
     out = {}
     for path in sorted(repo.glob("*/config.pbtxt")):
         try:
-            out[path.parent.name] = text_format.Parse(path.read_text(), mc.ModelConfig())
+            out[path.parent.name] = read_config(path)
         except text_format.ParseError:
             continue  # Triton reports a broken config itself, with its own message
     return out
@@ -43,15 +45,16 @@ def _configs(repo: Path) -> dict[str, mc.ModelConfig]:
 
 def engine_version(engine_dir: Path) -> str | None:
     """The TensorRT-LLM version an engine directory was built with (engine.json, else
-    TensorRT-LLM's own config.json)."""
-    for name, keys in (("engine.json", ("versions", "tensorrt_llm")), ("config.json", ("version",))):
-        path = engine_dir / name
-        if path.is_file():
-            value = json.loads(path.read_text())
-            for key in keys:
-                value = value.get(key) if isinstance(value, dict) else None
-            if value:
-                return str(value)
+    TensorRT-LLM's own config.json); EngineLoadError for an engine.json that does not read."""
+    if (engine_dir / ENGINE_JSON).is_file():
+        built = read_engine_config(engine_dir, verify_checksums=False).versions.get("tensorrt_llm")
+        if built:
+            return str(built)
+    config = engine_dir / "config.json"
+    if config.is_file():
+        value = json.loads(config.read_text())
+        if isinstance(value, dict) and value.get("version"):
+            return str(value["version"])
     return None
 
 
@@ -77,7 +80,11 @@ def check_trtllm_repo(repo: Path, backend_dir: Path, installed: str | None = Non
     installed = installed if installed is not None else installed_tensorrt_llm()
     for name, config in llm.items():
         engine = Path(config.parameters["gpt_model_path"].string_value)
-        problem = version_mismatch(engine_version(engine), installed, engine=f"the engine {engine}")
+        try:
+            built = engine_version(engine)
+        except EngineLoadError as exc:
+            raise RuntimeError(f"{name}: {exc}") from None
+        problem = version_mismatch(built, installed, engine=f"the engine {engine}")
         if problem:
             raise RuntimeError(f"{name}: {problem}.")
     missing = [f"{name}/1/{dest}" for name in configs for dest in MODEL_FILES.get(name, {})

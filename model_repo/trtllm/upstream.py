@@ -104,9 +104,5 @@ def tensors(model: str, kind: str) -> list[Tensor]:
     return list(seen.values())
 
 
-def parameter_keys(model: str) -> list[str]:
-    return list(facts()["models"][model]["parameters"])
-
-
 def ensemble_steps() -> list[dict]:
     return facts()["models"]["ensemble"]["steps"]

@@ -14,8 +14,9 @@ from pathlib import Path
 from typing import Any
 
 from trtforge.config.fields import parse_bytes
-
+from trtforge.model_repo.params import to_parameter
 from trtforge.model_repo.trtllm import upstream as U
+from trtforge.models.engine_dir import EngineConfig
 
 
 @dataclass(frozen=True)
@@ -42,7 +43,7 @@ class TrtllmRepoOptions:
 
 
 @dataclass(frozen=True)
-class Phase:
+class PhaseModel:
     """One tensorrt_llm model of a disaggregated repository (upstream's context/generation)."""
 
     name: str
@@ -52,22 +53,18 @@ class Phase:
     """None: from prefill_chunk_size; False: off (the generation phase prefills nothing)."""
 
 
-def kv_tokens(engine: dict, kv_cache_memory: str) -> int:
+def kv_tokens(engine: EngineConfig, kv_cache_memory: str) -> int:
     """Tokens (whole KV blocks) that `kv_cache_memory` holds for this engine."""
-    per_token = engine.get("report", {}).get("kv_bytes_per_token")
+    per_token = engine.report.get("kv_bytes_per_token")
     if not per_token:
         raise ValueError("engine.json has no report.kv_bytes_per_token; rebuild the engine with "
                          "build-engine --backend trtllm")
-    block = int(engine["build"]["kv_block_size"])
+    block = engine.block_size
     return parse_bytes(kv_cache_memory) // (int(per_token) * block) * block
 
 
-def _bool(value: bool) -> str:
-    return "true" if value else "false"
-
-
-def tensorrt_llm_parameters(engine_dir: Path, engine: dict, scheduling: Any,
-                            opts: TrtllmRepoOptions, phase: Phase | None = None) -> dict[str, str]:
+def tensorrt_llm_parameters(engine_dir: Path, engine: EngineConfig, scheduling: Any,
+                            opts: TrtllmRepoOptions, phase: PhaseModel | None = None) -> dict[str, str]:
     """Every parameter of the tensorrt_llm model (or of one disaggregated phase)."""
     chunked = scheduling.prefill_chunk_size > 0
     if phase is not None and phase.chunked_context is not None:
@@ -77,12 +74,12 @@ def tensorrt_llm_parameters(engine_dir: Path, engine: dict, scheduling: Any,
         "gpt_model_type": "inflight_fused_batching", "gpt_model_path": str(engine_dir),
         "tokenizer_dir": str(engine_dir), "max_beam_width": "1", "decoding_mode": "top_k_top_p",
         "batch_scheduler_policy": scheduling.policy,
-        "enable_kv_cache_reuse": _bool(scheduling.enable_prefix_caching),
-        "enable_chunked_context": _bool(chunked),
+        "enable_kv_cache_reuse": to_parameter(scheduling.enable_prefix_caching),
+        "enable_chunked_context": to_parameter(chunked),
         "max_tokens_in_paged_kv_cache": str(kv_tokens(engine, opts.kv_cache_memory)),
         "kv_cache_free_gpu_mem_fraction": repr(float(opts.kv_cache_free_gpu_mem_fraction)),
-        "max_attention_window_size": str(int(engine["build"]["max_seq_len"])),
-        "exclude_input_in_output": _bool(opts.exclude_input_in_output),
+        "max_attention_window_size": str(engine.max_seq_len),
+        "exclude_input_in_output": to_parameter(opts.exclude_input_in_output),
         "gpu_device_ids": phase.gpu_device_ids if phase else opts.gpu_device_ids,
         "participant_ids": phase.participant_ids if phase else "",
         # The backend's defaults, written out (model_instance_state.cc).
@@ -100,23 +97,20 @@ def tensorrt_llm_parameters(engine_dir: Path, engine: dict, scheduling: Any,
     return values
 
 
-def python_model_parameters(model: str, engine_dir: Path,
-                            names: dict[str, str] | None = None) -> dict[str, str]:
+def python_model_parameters(model: str, engine_dir: Path) -> dict[str, str]:
     """Parameters of preprocessing, postprocessing, tensorrt_llm_bls, disaggregated_serving_bls.
 
     Tokenization matches trtforge's own runtime: prompts are encoded without special tokens
     (serving/engine.py) and decoded skipping them (SamplingParams.skip_special_tokens)."""
-    names = names or {}
     table = {
         "preprocessing": {"tokenizer_dir": str(engine_dir), "add_special_tokens": "false",
                           "gpt_model_path": str(engine_dir), "multimodal_model_path": "",
                           "max_num_images": "0"},
         "postprocessing": {"tokenizer_dir": str(engine_dir), "skip_special_tokens": "true"},
         "tensorrt_llm_bls": {"accumulate_tokens": "false",
-                             "tensorrt_llm_model_name": names.get("llm", "tensorrt_llm"),
+                             "tensorrt_llm_model_name": "tensorrt_llm",
                              "tensorrt_llm_draft_model_name": "", "multimodal_encoders_name": ""},
-        "disaggregated_serving_bls": {"context_model_name": names.get("context", "context"),
-                                      "generation_model_name": names.get("generation",
-                                                                         "generation")},
+        "disaggregated_serving_bls": {"context_model_name": "context",
+                                      "generation_model_name": "generation"},
     }
     return table[model]

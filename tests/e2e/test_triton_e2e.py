@@ -20,7 +20,7 @@ import pytest
 from google.protobuf import text_format
 
 from trtforge.model_repo import client
-from trtforge.model_repo.emit import read_config
+from trtforge.model_repo.pbtxt import read_config
 from trtforge.model_repo.launcher import TritonServer
 
 from tests.e2e.helpers import fail_alone, run_cli

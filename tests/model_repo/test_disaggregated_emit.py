@@ -6,11 +6,15 @@ from __future__ import annotations
 import pytest
 from click.testing import CliRunner
 
-from tests.model_repo.test_emit import REQUIRED, engine_dir  # noqa: F401  (fixture)
-from trtforge.model_repo import phases as D
+from tests.model_repo.test_emit import REQUIRED
 from trtforge.cli.triton import emit_repo_command
-from trtforge.model_repo.disaggregated import ROUTER_PY, PhaseOptions
-from trtforge.model_repo.emit import MODEL_PY, emit_repo, read_config
+from trtforge.config.runtime import Phase
+from trtforge.model_repo.disaggregated import PhaseOptions
+from trtforge.model_repo.emit import emit_repo
+from trtforge.model_repo.pbtxt import read_config
+from trtforge.model_repo.phases import (CPUS, HANDOFF_TIMEOUT, PHASE, ROLE, ROUTER_ROLE, parse_cpus,
+                                        refuse_other_phase, scheduler_fields)
+from trtforge.model_repo.python_models import ENGINE_PY, ROUTER_PY
 
 
 def _emit(engine_dir, repo, *flags):
@@ -28,35 +32,35 @@ def test_cli_writes_three_models_each_with_its_phase_parameters(engine_dir, tmp_
     repo = tmp_path / "repo"
     assert sorted(p.name for p in repo.iterdir()) == ["context", "ensemble", "generation"]
     router = read_config(repo / "ensemble" / "config.pbtxt")
-    assert router.parameters[D.ROLE].string_value == D.ROUTER_ROLE
+    assert router.parameters[ROLE].string_value == ROUTER_ROLE
     assert {i.name for i in router.input} >= set(REQUIRED)
     assert (repo / "ensemble" / "1" / "model.py").read_bytes() == ROUTER_PY.read_bytes()
     ctx = read_config(repo / "context" / "config.pbtxt")
     gen = read_config(repo / "generation" / "config.pbtxt")
-    for config, phase in ((ctx, D.CONTEXT), (gen, D.GENERATION)):
+    for config, phase in ((ctx, Phase.CONTEXT), (gen, Phase.GENERATION)):
         assert config.name == phase and config.model_transaction_policy.decoupled
-        assert (repo / phase / "1" / "model.py").read_bytes() == MODEL_PY.read_bytes()
+        assert (repo / phase / "1" / "model.py").read_bytes() == ENGINE_PY.read_bytes()
         assert {"request_type", "context_phase_params"} <= {i.name for i in config.input}
         assert "context_phase_params" in {o.name for o in config.output}
         params = {k: v.string_value for k, v in config.parameters.items()}
-        assert params[D.PHASE] == phase
-        scheduling = set(params) & set(D.scheduler_fields(D.BOTH))
-        assert scheduling == set(D.scheduler_fields(phase))  # all of its phase's, none of the other's
-        D.refuse_other_phase(phase, [k for k, v in params.items() if v])  # what the model checks at load
+        assert params[PHASE] == phase
+        scheduling = set(params) & set(scheduler_fields(Phase.BOTH))
+        assert scheduling == set(scheduler_fields(phase))  # all of its phase's, none of the other's
+        refuse_other_phase(phase, [k for k, v in params.items() if v])  # what the model checks at load
     c = {k: v.string_value for k, v in ctx.parameters.items()}
     g = {k: v.string_value for k, v in gen.parameters.items()}
-    assert (c["prefill_chunk_size"], c["kv_cache_memory"], c[D.CPUS], c[D.HANDOFF_TIMEOUT]) == ("64", "2MiB", "0", "5.0")
-    assert (g["max_batch_size"], g["policy"], g[D.CPUS]) == ("4", "guaranteed_no_evict", "1")
-    assert D.HANDOFF_TIMEOUT not in g and "max_batch_size" not in c
+    assert (c["prefill_chunk_size"], c["kv_cache_memory"], c[CPUS], c[HANDOFF_TIMEOUT]) == ("64", "2MiB", "0", "5.0")
+    assert (g["max_batch_size"], g["policy"], g[CPUS]) == ("4", "guaranteed_no_evict", "1")
+    assert HANDOFF_TIMEOUT not in g and "max_batch_size" not in c
     assert gen.instance_group[0].count == 2 and ctx.instance_group[0].count == 1
 
 
 @pytest.mark.parametrize("phase, name, other", [
-    (D.CONTEXT, "max_batch_size", "generation"), (D.CONTEXT, "kv_watermark", "generation"),
-    (D.GENERATION, "prefill_chunk_size", "context"), (D.GENERATION, D.HANDOFF_TIMEOUT, "context")])
+    (Phase.CONTEXT, "max_batch_size", "generation"), (Phase.CONTEXT, "kv_watermark", "generation"),
+    (Phase.GENERATION, "prefill_chunk_size", "context"), (Phase.GENERATION, HANDOFF_TIMEOUT, "context")])
 def test_a_parameter_of_the_other_phase_is_refused_by_name(phase, name, other):
     with pytest.raises(ValueError, match=rf"'{name}' belongs to the {other} model"):
-        D.refuse_other_phase(phase, ["engine_dir", name])
+        refuse_other_phase(phase, ["engine_dir", name])
 
 
 def test_bad_phase_options_are_refused_at_emit(engine_dir, tmp_path):
@@ -76,5 +80,5 @@ def test_bad_phase_options_are_refused_at_emit(engine_dir, tmp_path):
 
 
 def test_parse_cpus():
-    assert D.parse_cpus("") == set() and D.parse_cpus("1") == {1}
-    assert D.parse_cpus("0-2, 5") == {0, 1, 2, 5}
+    assert parse_cpus("") == set() and parse_cpus("1") == {1}
+    assert parse_cpus("0-2, 5") == {0, 1, 2, 5}

@@ -3,16 +3,19 @@
 from __future__ import annotations
 
 import dataclasses
-import json
 
 import pytest
 from click.testing import CliRunner
 from tritonclient.grpc import model_config_pb2 as mc
 
-from trtforge.config.scheduler import SchedulerConfig
-from trtforge.model_repo import params as P
 from trtforge.cli.triton import emit_repo_command
-from trtforge.model_repo.emit import MODEL_PY, emit_repo, engine_parameters, read_config
+from trtforge.config.fields import parse_text
+from trtforge.config.scheduler import SchedulerConfig
+from trtforge.model_repo.emit import emit_repo
+from trtforge.model_repo.params import (ENGINE_DIR, KV_CACHE_MEMORY, scheduler_parameter_names,
+                                        scheduler_values)
+from trtforge.model_repo.pbtxt import parameters_of, read_config
+from trtforge.model_repo.python_models import ENGINE_PY
 
 # The ensemble interface TensorRT-LLM clients rely on.
 REQUIRED = {"text_input": mc.TYPE_STRING, "max_tokens": mc.TYPE_INT32}
@@ -24,20 +27,6 @@ OPTIONAL = {
     "min_tokens": mc.TYPE_INT32, "stream": mc.TYPE_BOOL, "return_log_probs": mc.TYPE_BOOL,
     "exclude_input_in_output": mc.TYPE_BOOL,
 }
-
-
-@pytest.fixture()
-def engine_dir(tmp_path):
-    """The part of an engine directory the emitter reads: engine.json's build limits and
-    scheduling defaults, as build-engine records them (the e2e tests use a real build)."""
-    d = tmp_path / "engine"
-    d.mkdir()
-    (d / "engine.json").write_text(json.dumps({
-        "build": {"max_batch_size": 8, "max_num_tokens": 256, "max_seq_len": 128,
-                  "kv_block_size": 16, "kv_cache_memory": "4MiB"},
-        "scheduling": {"max_num_tokens": 256, "max_batch_size": 8, "prefill_chunk_size": 256,
-                       "prefill_max_seqs": 8}}))
-    return d
 
 
 def test_repo_parses_back_with_the_reference_interface(engine_dir, tmp_path):
@@ -53,7 +42,7 @@ def test_repo_parses_back_with_the_reference_interface(engine_dir, tmp_path):
     outputs = {o.name: o.data_type for o in config.output}
     assert outputs["text_output"] == mc.TYPE_STRING
     assert outputs["cum_log_probs"] == outputs["output_log_probs"] == mc.TYPE_FP32
-    assert (repo / "ensemble" / "1" / "model.py").read_bytes() == MODEL_PY.read_bytes()
+    assert (repo / "ensemble" / "1" / "model.py").read_bytes() == ENGINE_PY.read_bytes()
     assert sorted(p.name for p in repo.iterdir()) == ["ensemble"]  # no temp dirs left behind
 
 
@@ -61,22 +50,22 @@ def test_parameters_carry_engine_and_every_scheduling_field(engine_dir, tmp_path
     repo = emit_repo(engine_dir, tmp_path / "repo", prefill_chunk_size=64,
                      policy="guaranteed_no_evict", enable_prefix_caching=False,
                      kv_cache_memory="2MiB")
-    params = engine_parameters(read_config(repo / "ensemble" / "config.pbtxt"))
-    assert params[P.ENGINE_DIR] == str(engine_dir.resolve())
-    assert params[P.KV_CACHE_MEMORY] == "2MiB"
+    params = parameters_of(read_config(repo / "ensemble" / "config.pbtxt"))
+    assert params[ENGINE_DIR] == str(engine_dir.resolve())
+    assert params[KV_CACHE_MEMORY] == "2MiB"
     names = [f.name for f in dataclasses.fields(SchedulerConfig)]
-    assert set(names) - set(P.ENGINE_FIELDS) <= set(params)
+    assert set(names) - set(SchedulerConfig.ENGINE_FIELDS) <= set(params)
     # Round trip: what the model will read is what was asked for, typed.
-    values = P.scheduler_values(params)
+    values = scheduler_values(params)
     assert values["max_batch_size"] == 8  # engine.json's default, not SchedulerConfig's
     assert values["max_num_tokens"] == 256 and values["prefill_chunk_size"] == 64
     assert values["policy"] == "guaranteed_no_evict" and values["enable_prefix_caching"] is False
     assert values["prefill_max_tokens"] is None
     # Fields that describe the engine are the engine's: not parameters.
-    assert not set(P.ENGINE_FIELDS) & set(params)
+    assert not set(SchedulerConfig.ENGINE_FIELDS) & set(params)
     # Each parameter is documented in the file, for the operator who edits it.
     text = (repo / "ensemble" / "config.pbtxt").read_text()
-    for name in P.scheduler_parameter_names():
+    for name in scheduler_parameter_names():
         assert f"#   {name}: {SchedulerConfig.field_docs()[name]}" in text
 
 
@@ -109,21 +98,21 @@ def test_reemit_replaces_the_model_and_keeps_other_models(engine_dir, tmp_path):
     (repo / "other").mkdir(parents=True)
     emit_repo(engine_dir, repo, max_num_tokens=256)
     emit_repo(engine_dir, repo, max_num_tokens=512)
-    params = engine_parameters(read_config(repo / "ensemble" / "config.pbtxt"))
+    params = parameters_of(read_config(repo / "ensemble" / "config.pbtxt"))
     assert params["max_num_tokens"] == "512"
     assert (repo / "other").is_dir()
 
 
 def test_parameter_strings_parse_with_errors_naming_the_parameter():
-    assert P.from_parameter("x", "true", bool) is True
-    assert P.from_parameter("x", "off", bool) is False
-    assert P.from_parameter("x", "12", int) == 12
-    assert P.from_parameter("x", "12.0", int) == 12  # the same rules as build-engine --schedule
-    assert P.from_parameter("x", "", int | None) is None
+    assert parse_text("x", "true", bool) is True
+    assert parse_text("x", "off", bool) is False
+    assert parse_text("x", "12", int) == 12
+    assert parse_text("x", "12.0", int) == 12  # the same rules as build-engine --schedule
+    assert parse_text("x", "", int | None) is None
     with pytest.raises(ValueError, match="max_num_tokens='sixty' is invalid: expected int"):
-        P.scheduler_values({"max_num_tokens": "sixty"})
+        scheduler_values({"max_num_tokens": "sixty"})
     with pytest.raises(ValueError, match="enable_prefix_caching='maybe' is invalid: expected bool"):
-        P.scheduler_values({"enable_prefix_caching": "maybe"})
+        scheduler_values({"enable_prefix_caching": "maybe"})
 
 
 def test_cli_emit_repo_reports_a_bad_value(engine_dir, tmp_path):
@@ -131,7 +120,7 @@ def test_cli_emit_repo_reports_a_bad_value(engine_dir, tmp_path):
     ok = runner.invoke(emit_repo_command, [str(engine_dir), str(tmp_path / "r"),
                                            "--max-num-tokens", "300", "--policy", "max_utilization"])
     assert ok.exit_code == 0, ok.output
-    params = engine_parameters(read_config(tmp_path / "r" / "ensemble" / "config.pbtxt"))
+    params = parameters_of(read_config(tmp_path / "r" / "ensemble" / "config.pbtxt"))
     assert params["max_num_tokens"] == "300"
     bad = runner.invoke(emit_repo_command, [str(engine_dir), str(tmp_path / "r2"),
                                             "--kv-watermark", "0.75"])

@@ -12,10 +12,10 @@ import torch
 from click.testing import CliRunner
 
 from trtforge.builder.build_config import BACKENDS, BuildConfig
-from trtforge.cli.build import build_engine as build_engine_cmd
-from trtforge.models.errors import BuildError
 from trtforge.builder.trtllm.options import trtllm_build_options
 from trtforge.builder.trtllm.versions import TARGET
+from trtforge.cli.build import build_engine as build_engine_cmd
+from trtforge.models.errors import BuildError
 
 HAVE_TRTLLM = importlib.util.find_spec("tensorrt_llm") is not None
 _MISSING = [what for what, here in (("tensorrt_llm", HAVE_TRTLLM),
@@ -77,7 +77,8 @@ def test_without_tensorrt_llm_the_build_stops_at_once(tmp_path):
 @needs_trtllm
 def test_build_and_emit_with_tensorrt_llm(tmp_path):
     from trtforge.builder.demo_checkpoint import write_demo_checkpoint
-    from trtforge.model_repo.emit import emit_repo, read_config
+    from trtforge.model_repo.emit import emit_repo
+    from trtforge.model_repo.pbtxt import read_config
 
     ckpt = write_demo_checkpoint(tmp_path / "ckpt", arch="llama", seed=3, dtype="float16")
     out = tmp_path / "engine"

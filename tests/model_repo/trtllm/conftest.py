@@ -9,6 +9,8 @@ from pathlib import Path
 
 import pytest
 
+from tests.model_repo.engines import engine_json
+
 RECORD = Path(__file__).with_name("upstream_v0.19.0.json")
 
 
@@ -23,13 +25,13 @@ def trtllm_engine(tmp_path) -> Path:
     TensorRT-LLM; the emitter only reads engine.json)."""
     d = tmp_path / "engine"
     d.mkdir()
-    (d / "engine.json").write_text(json.dumps({
-        "backend": "trtllm", "dtype": "float16",
-        "build": {"backend": "trtllm", "dtype": "float16", "max_batch_size": 8,
-                  "max_num_tokens": 256, "max_seq_len": 128, "kv_block_size": 16,
-                  "kv_cache_memory": "4MiB", "allow_pickle": False},
-        "scheduling": {"max_num_tokens": 256, "max_batch_size": 8, "prefill_chunk_size": 256,
-                       "prefill_max_seqs": 8},
-        "report": {"kv_bytes_per_token": 4096},
-        "versions": {"tensorrt_llm": "0.19.0", "tensorrt": "10.10.0.31"}}))
+    (d / "engine.json").write_text(engine_json(
+        backend="trtllm", dtype="float16",
+        build={"backend": "trtllm", "dtype": "float16", "max_batch_size": 8,
+               "max_num_tokens": 256, "max_seq_len": 128, "kv_block_size": 16,
+               "kv_cache_memory": "4MiB", "allow_pickle": False},
+        scheduling={"max_num_tokens": 256, "max_batch_size": 8, "prefill_chunk_size": 256,
+                    "prefill_max_seqs": 8},
+        report={"kv_bytes_per_token": 4096},
+        versions={"tensorrt_llm": "0.19.0", "tensorrt": "10.10.0.31"}))
     return d

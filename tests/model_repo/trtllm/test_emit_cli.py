@@ -5,7 +5,7 @@ from __future__ import annotations
 from click.testing import CliRunner
 
 from trtforge.cli.triton import emit_repo_command
-from trtforge.model_repo.emit import engine_parameters, read_config
+from trtforge.model_repo.pbtxt import parameters_of, read_config
 
 
 def test_emit_repo_command_writes_the_trtllm_layout(trtllm_engine, tmp_path):
@@ -13,7 +13,7 @@ def test_emit_repo_command_writes_the_trtllm_layout(trtllm_engine, tmp_path):
                                                     "--disaggregated", "--policy",
                                                     "guaranteed_no_evict"])
     assert result.exit_code == 0, result.output
-    assert engine_parameters(read_config(tmp_path / "repo" / "generation" / "config.pbtxt"))[
+    assert parameters_of(read_config(tmp_path / "repo" / "generation" / "config.pbtxt"))[
         "batch_scheduler_policy"] == "guaranteed_no_evict"
     bad = CliRunner().invoke(emit_repo_command, [str(trtllm_engine), str(tmp_path / "r2"),
                                                  "--prefill-chunk-size", "100000"])

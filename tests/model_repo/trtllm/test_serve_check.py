@@ -8,6 +8,7 @@ import json
 import pytest
 from click.testing import CliRunner
 
+from tests.model_repo.engines import engine_json
 from trtforge.builder.trtllm.versions import TARGET, version_mismatch
 from trtforge.cli.triton import serve_command
 from trtforge.model_repo.emit import emit_repo
@@ -77,7 +78,8 @@ def test_other_repositories_pass_untouched(tmp_path):
 def test_engine_version_falls_back_to_tensorrt_llms_config(tmp_path):
     (tmp_path / "config.json").write_text(json.dumps({"version": "0.19.0"}))
     assert engine_version(tmp_path) == "0.19.0"
-    (tmp_path / "engine.json").write_text(json.dumps({"versions": {"tensorrt_llm": "0.18.2"}}))
+    (tmp_path / "engine.json").write_text(engine_json(build={}, scheduling={},
+                                                      versions={"tensorrt_llm": "0.18.2"}))
     assert engine_version(tmp_path) == "0.18.2"
 
 

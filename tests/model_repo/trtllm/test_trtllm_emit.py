@@ -8,14 +8,15 @@ import logging
 
 import pytest
 
-from trtforge.model_repo import params as P
-from trtforge.model_repo.emit import emit_repo, engine_parameters, read_config
+from trtforge.model_repo.emit import emit_repo
+from trtforge.model_repo.params import scheduler_parameter_names
+from trtforge.model_repo.pbtxt import parameters_of, read_config
 from trtforge.model_repo.trtllm.files import MODEL_FILES
 from trtforge.model_repo.trtllm.mapping import SCHEDULING, mapping_table_markdown
 
 
 def _params(repo, model="tensorrt_llm"):
-    return engine_parameters(read_config(repo / model / "config.pbtxt"))
+    return parameters_of(read_config(repo / model / "config.pbtxt"))
 
 
 def test_parameters_come_from_the_build_and_the_scheduling_options(trtllm_engine, tmp_path):
@@ -53,7 +54,7 @@ def test_engine_defaults_apply_when_nothing_is_given(trtllm_engine, tmp_path):
 
 
 def test_the_mapping_table_covers_every_scheduling_option():
-    assert list(SCHEDULING) == P.scheduler_parameter_names()
+    assert list(SCHEDULING) == scheduler_parameter_names()
     table = mapping_table_markdown()
     for name in SCHEDULING:
         assert f"`{name}`" in table

@@ -18,6 +18,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
+from tests.model_repo.engines import engine_json
 from trtforge.builder.trtllm.versions import TARGET
 
 MODELS_DIR = next((Path(p) for p in (os.environ.get("TRTFORGE_TRTLLM_MODELS_DIR"),
@@ -63,13 +64,13 @@ def served(tmp_path_factory, trtllm_engine_json):
 @pytest.fixture(scope="module")
 def trtllm_engine_json():
     """engine.json of a --backend trtllm engine (as in conftest.trtllm_engine)."""
-    return json.dumps({
-        "backend": "trtllm", "dtype": "float16",
-        "build": {"backend": "trtllm", "dtype": "float16", "max_batch_size": 8,
-                  "max_num_tokens": 256, "max_seq_len": 128, "kv_block_size": 16,
-                  "kv_cache_memory": "4MiB", "allow_pickle": False},
-        "scheduling": {}, "report": {"kv_bytes_per_token": 4096},
-        "versions": {"tensorrt_llm": TARGET.tensorrt_llm}})
+    return engine_json(
+        backend="trtllm", dtype="float16",
+        build={"backend": "trtllm", "dtype": "float16", "max_batch_size": 8,
+               "max_num_tokens": 256, "max_seq_len": 128, "kv_block_size": 16,
+               "kv_cache_memory": "4MiB", "allow_pickle": False},
+        scheduling={}, report={"kv_bytes_per_token": 4096},
+        versions={"tensorrt_llm": TARGET.tensorrt_llm})
 
 
 def _infer(url: str, model: str, inputs: dict[str, np.ndarray], outputs: list[str]) -> dict:

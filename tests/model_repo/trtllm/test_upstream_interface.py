@@ -6,7 +6,8 @@ from __future__ import annotations
 import pytest
 
 from trtforge.builder.trtllm.versions import TARGET
-from trtforge.model_repo.emit import emit_repo, read_config
+from trtforge.model_repo.emit import emit_repo
+from trtforge.model_repo.pbtxt import read_config
 from trtforge.model_repo.trtllm import upstream as U
 from trtforge.model_repo.trtllm.files import LAYOUTS
 from trtforge.model_repo.trtllm.templates import facts_of
