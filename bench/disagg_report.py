@@ -42,11 +42,10 @@ def run_one(label: str, repo: Path, cfg: Any, engine_dir: Path, out: Path, log) 
     import asyncio
     import dataclasses
 
-    from trtforge.models.loader import load_tokenizer
-    from trtforge.model_repo.launcher import TritonServer
-
     from trtforge.bench.serve import build_workload, run_benchmark
     from trtforge.bench.serve_report import machine
+    from trtforge.model_repo.launcher import TritonServer
+    from trtforge.models.loader import load_tokenizer
 
     main, long, warm = build_workload(cfg, load_tokenizer(engine_dir))
     log(f"[{label}] starting server (load {machine()['loadavg_1_5_15']})")
@@ -171,16 +170,18 @@ def disaggregated(engine_dir: Path, out: Path, chunk: int, context_cpus: str, ge
                   threads: int, **o: Any) -> None:
     """Co-located (chunked prefill) vs disaggregated (context and generation on separate cores):
     one engine, one workload, one run; prints the comparison, writes OUT/report.json and a plot."""
-    from trtforge.model_repo.disaggregated import PhaseOptions
-    from trtforge.model_repo.emit import emit_repo
-
     from trtforge.bench.serve import ServeBenchConfig
     from trtforge.bench.serve_report import machine
+    from trtforge.model_repo.disaggregated import PhaseOptions
+    from trtforge.model_repo.emit import emit_repo
 
     out.mkdir(parents=True, exist_ok=True)
     os.environ["OMP_NUM_THREADS"] = str(threads)
     t0 = time.perf_counter()
-    log = lambda msg: click.echo(f"[{time.perf_counter() - t0:7.1f} s] {msg}", err=True)  # noqa: E731
+
+    def log(msg: str) -> None:
+        click.echo(f"[{time.perf_counter() - t0:7.1f} s] {msg}", err=True)
+
     repos = {
         "colocated": emit_repo(engine_dir, out / "repo_colocated", prefill_chunk_size=chunk),
         "disaggregated": emit_repo(

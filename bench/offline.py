@@ -23,13 +23,13 @@ from typing import Any, Callable
 
 import torch
 
-from trtforge.models.kv_sizing import kv_bytes_per_token
-from trtforge.serving.engine import LLMEngine
-from trtforge.config.sampling import SamplingParams
-
 from trtforge.bench import baselines
 from trtforge.bench.offline_config import OfflineBenchConfig
 from trtforge.bench.workload import BenchRequest, Stopwatch, SystemResult, make_workload
+from trtforge.config.runtime import RuntimeConfig
+from trtforge.config.sampling import SamplingParams
+from trtforge.models.kv_sizing import kv_bytes_per_token
+from trtforge.serving.engine import LLMEngine
 
 
 # ---- machine ---------------------------------------------------------------------------------
@@ -167,7 +167,7 @@ def _linear_calls(engine: LLMEngine) -> list[tuple[Callable[[torch.Tensor], torc
         calls += [(layer.attn.qkv, m.hidden_size, m.q_size + 2 * m.kv_size),
                   (layer.attn.o_proj, m.q_size, m.hidden_size),
                   (up, m.hidden_size, up_out), (layer.mlp.down, m.intermediate_size, m.hidden_size)]
-    head = net.head_linear or (lambda x: torch.nn.functional.linear(x, net.lm_head_weight()))
+    head = net.head
     calls.append((head, m.hidden_size, m.vocab_size))
     return calls
 
@@ -211,7 +211,7 @@ def decode_breakdown(engine: LLMEngine, probe: Callable[[], float], rounds: int 
 # ---- the whole run -------------------------------------------------------------------------
 def run_offline(checkpoint: str, engine_dir: str, cfg: OfflineBenchConfig, log: Any = print) -> dict[str, Any]:
     torch.set_num_threads(cfg.threads)
-    engine = LLMEngine.from_engine_dir(engine_dir, kv_cache_memory=cfg.kv_cache_memory)
+    engine = LLMEngine.from_engine_dir(engine_dir, RuntimeConfig(kv_cache_memory=cfg.kv_cache_memory))
     model_cfg = engine.engine_config.model
     workload = make_workload(cfg.num_requests, (cfg.prompt_len_min, cfg.prompt_len_max),
                              (cfg.output_len_min, cfg.output_len_max), model_cfg.vocab_size, cfg.seed)
@@ -221,7 +221,10 @@ def run_offline(checkpoint: str, engine_dir: str, cfg: OfflineBenchConfig, log: 
                                         "hidden": model_cfg.hidden_size, "dtype": engine.engine_config.dtype}}
     log(f"machine: {report['machine']}")
     probe_bytes = cfg.copy_probe_mib << 20
-    probe = lambda: copy_bandwidth(probe_bytes)["median_bytes_per_s"]  # noqa: E731
+
+    def probe() -> float:
+        return copy_bandwidth(probe_bytes)["median_bytes_per_s"]
+
     report["copy_bandwidth"] = copy_bandwidth(probe_bytes)
     log(f"copy bandwidth: {report['copy_bandwidth']['median_bytes_per_s'] / 1e9:.1f} GB/s (read+write)")
     systems: list[SystemResult] = []
@@ -229,7 +232,7 @@ def run_offline(checkpoint: str, engine_dir: str, cfg: OfflineBenchConfig, log: 
         del engine  # one model in memory at a time
         gc.collect()
         systems += _run_hf(checkpoint, subset, cfg, model_cfg.pad_token_id, log)
-        engine = LLMEngine.from_engine_dir(engine_dir, kv_cache_memory=cfg.kv_cache_memory)
+        engine = LLMEngine.from_engine_dir(engine_dir, RuntimeConfig(kv_cache_memory=cfg.kv_cache_memory))
     engine.generate([list(range(10, 42))], SamplingParams(max_tokens=4))  # warm-up, untimed
     for name, reqs in (("trtforge_inflight", workload), ("trtforge_inflight_baseline_subset", subset)):
         if name.endswith("subset") and len(subset) == len(workload):

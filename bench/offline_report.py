@@ -14,7 +14,10 @@ TARGETS = {"inflight_vs_hf_one_at_a_time": 5.0, "inflight_vs_hf_static_batch": 2
 def table(headers: list[str], rows: list[list[Any]]) -> str:
     cells = [[_fmt(c) for c in row] for row in rows]
     widths = [max(len(h), *(len(r[i]) for r in cells)) if cells else len(h) for i, h in enumerate(headers)]
-    line = lambda items: "  ".join(str(x).rjust(w) for x, w in zip(items, widths))  # noqa: E731
+
+    def line(items: list[Any]) -> str:
+        return "  ".join(str(x).rjust(w) for x, w in zip(items, widths))
+
     return "\n".join([line(headers), line(["-" * w for w in widths]), *map(line, cells)])
 
 
@@ -46,7 +49,8 @@ def render(report: dict[str, Any]) -> str:
     kv = report["kv"]
     out += ["", f"KV waste (allocated but unused slots, mean over steps): {kv['waste_mean']:.2%}  "
                 f"(target < {TARGETS['kv_waste_max']:.0%}: {_verdict(kv['waste_mean'] < TARGETS['kv_waste_max'])})",
-            f"Concurrent sequences in {kv['kv_slots']} KV slots: paged {_fmt(kv['paged_concurrent_mean_while_waiting'])} "
+            f"Concurrent sequences in {kv['kv_slots']} KV slots: "
+            f"paged {_fmt(kv['paged_concurrent_mean_while_waiting'])} "
             f"(mean while requests waited; peak {kv['paged_concurrent_peak']}) vs {kv['static_max_seq_len']} "
             f"reserving max_seq_len → {kv['ratio_vs_max_seq_len']:.1f}x (target >= {TARGETS['concurrency_ratio']}x: "
             f"{_verdict(kv['ratio_vs_max_seq_len'] >= TARGETS['concurrency_ratio'])}); vs "

@@ -32,9 +32,8 @@ from urllib.parse import urlsplit
 
 import click
 
-from trtforge.config.fields import dataclass_options, pick
-
 from trtforge.bench.serve_metrics import SLO, RequestRecord, compute_metrics, format_table
+from trtforge.config.fields import dataclass_options, pick
 
 LOOPBACK = ("127.0.0.1", "localhost", "::1")
 
@@ -153,7 +152,7 @@ def make_prompts(tokenizer: Any, pieces: list[str], count: int, num_tokens: int,
 
 # -- one request ------------------------------------------------------------------------------
 def _infer_inputs(prompt: str, output_len: int, cfg: ServeBenchConfig) -> list[Any]:
-    from trtforge.model_repo.client import grpc_inputs  # noqa: PLC0415 - numpy, tritonclient
+    from trtforge.model_repo.client import grpc_inputs  # numpy, tritonclient
 
     return grpc_inputs(prompt, output_len, stream=True,
                        min_tokens=output_len if cfg.ignore_eos else None,
@@ -258,7 +257,7 @@ async def _long_stream(client: Any, cfg: ServeBenchConfig, prompts: list[str],
 async def run_benchmark(cfg: ServeBenchConfig, main_prompts: list[str], long_prompts: list[str],
                         warmup_prompt: str | None = None) -> tuple[list[RequestRecord], float]:
     """Send the workload; return every request's record and the measured wall time."""
-    import tritonclient.grpc.aio as grpcclient  # noqa: PLC0415
+    import tritonclient.grpc.aio as grpcclient
 
     rng = random.Random(cfg.seed)
     client = grpcclient.InferenceServerClient(cfg.url)
@@ -304,7 +303,7 @@ def summarize(cfg: ServeBenchConfig, records: list[RequestRecord], duration: flo
 def serve(json_path: str | None, **options: Any) -> None:
     """Benchmark a running trtforge Triton server (model `ensemble`) over gRPC streaming: TTFT,
     TPOT, ITL, E2E latency at p50/p90/p99, throughput and goodput (as `vllm bench serve`)."""
-    from trtforge.models.loader import load_tokenizer  # noqa: PLC0415 - transformers is slow to import
+    from trtforge.models.loader import load_tokenizer  # transformers is slow to import
 
     cfg = dataclasses.replace(ServeBenchConfig(), **pick(ServeBenchConfig, options))
     cfg.validate()

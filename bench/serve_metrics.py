@@ -98,7 +98,7 @@ class Distribution:
     @classmethod
     def of(cls, seconds: Iterable[float], percentiles: tuple[int, ...] = PERCENTILES
            ) -> "Distribution":
-        import numpy as np  # noqa: PLC0415 - not at the top: `trtforge --help` imports this module
+        import numpy as np  # not at the top: `trtforge --help` imports this module
 
         values = np.asarray(list(seconds), dtype=np.float64) * 1e3
         if values.size == 0:

@@ -27,14 +27,13 @@ from typing import Any, Callable
 import click
 import torch
 
-from trtforge.models.loader import load_tokenizer
-from trtforge.serving.engine import LLMEngine
+from trtforge.bench.serve import ServeBenchConfig, build_workload, run_benchmark, summarize
+from trtforge.bench.serve_metrics import RequestRecord, compute_metrics, format_table
 from trtforge.config.sampling import SamplingParams
 from trtforge.model_repo.emit import emit_repo
 from trtforge.model_repo.launcher import TritonServer
-
-from trtforge.bench.serve import ServeBenchConfig, build_workload, run_benchmark, summarize
-from trtforge.bench.serve_metrics import RequestRecord, compute_metrics, format_table
+from trtforge.models.loader import load_tokenizer
+from trtforge.serving.engine import LLMEngine
 
 
 def machine() -> dict[str, Any]:
@@ -156,7 +155,10 @@ def main(engine_dir: Path, out: Path, chunk: int, overhead_chunk: int, threads: 
     os.environ["OMP_NUM_THREADS"] = str(threads)
     torch.set_num_threads(threads)
     t0 = time.perf_counter()
-    log = lambda msg: click.echo(f"[{time.perf_counter() - t0:7.1f} s] {msg}", err=True)  # noqa: E731
+
+    def log(msg: str) -> None:
+        click.echo(f"[{time.perf_counter() - t0:7.1f} s] {msg}", err=True)
+
     report: dict[str, Any] = {"machine_start": machine(), "engine": str(engine_dir), "threads": threads,
                               "chunk": chunk, "overhead_chunk": overhead_chunk, "options": o}
     overhead_repo = emit_repo(engine_dir, out / "repo_overhead", prefill_chunk_size=overhead_chunk)

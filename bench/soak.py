@@ -28,8 +28,8 @@ import click
 
 from trtforge.bench import soak_report as R
 from trtforge.bench.soak_clients import Clients, Outcome, send
-from trtforge.bench.soak_probe import read_metrics, tree_memory, wait_idle
 from trtforge.bench.soak_config import SoakConfig
+from trtforge.bench.soak_probe import read_metrics, tree_memory, wait_idle
 from trtforge.bench.soak_workload import CHECKED_KINDS, CHECKED_MAX_TOKENS, PROMPTS, Planned, expected_texts, make_plan
 
 BUILD_FLAGS = ("--dtype", "float32", "--max-batch-size", "32", "--max-num-tokens", "256",
@@ -47,7 +47,7 @@ def _cli(*args: str) -> None:
 
 def prepare(cfg: SoakConfig) -> tuple[Path, Path]:
     """(engine dir, repository): the engine is built unless one built with BUILD_FLAGS is there."""
-    from trtforge.model_repo.emit import emit_repo  # noqa: PLC0415 - protobuf, tritonclient
+    from trtforge.model_repo.emit import emit_repo  # protobuf, tritonclient
 
     work = cfg.work_path()
     engine, stamp = work / "engine", work / "engine.flags"
@@ -103,8 +103,8 @@ def _checkpoint(server: Any, cfg: SoakConfig, done: int, started: float) -> dict
 
 async def drive(server: Any, cfg: SoakConfig, plan: list[Any], expected: dict) -> dict[str, Any]:
     """Open the clients, warm up, then send the plan round by round; outcomes and checkpoints."""
-    import aiohttp  # noqa: PLC0415 - optional dependency (tritonclient[http])
-    import tritonclient.grpc.aio as grpcclient  # noqa: PLC0415
+    import aiohttp  # optional dependency (tritonclient[http])
+    import tritonclient.grpc.aio as grpcclient
 
     grpc = grpcclient.InferenceServerClient(server.grpc_url)
     try:
@@ -173,7 +173,7 @@ def summarize(cfg: SoakConfig, env: dict[str, str], run: dict[str, Any], exit_co
 
 def run_soak(cfg: SoakConfig, env: dict[str, str]) -> dict[str, Any]:
     """Prepare, serve, soak, stop; the report."""
-    from trtforge.model_repo.launcher import TritonServer  # noqa: PLC0415
+    from trtforge.model_repo.launcher import TritonServer
 
     engine, repo = prepare(cfg)
     plan = make_plan(cfg.num_requests, cfg.seed)

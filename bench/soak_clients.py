@@ -58,7 +58,7 @@ class Clients:
 
 
 def _grpc_inputs(arrays: dict[str, Any]) -> list[Any]:
-    from trtforge.model_repo.client import grpc_inputs  # noqa: PLC0415
+    from trtforge.model_repo.client import grpc_inputs
 
     return grpc_inputs(arrays.pop("text_input"), arrays.pop("max_tokens"), **arrays)
 

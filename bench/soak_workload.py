@@ -113,8 +113,8 @@ def make_plan(num_requests: int, seed: int) -> list[Planned]:
 def expected_texts(engine_dir: str, prompts: tuple[str, ...] = PROMPTS,
                    max_tokens: tuple[int, ...] = CHECKED_MAX_TOKENS) -> dict[tuple[str, int], str]:
     """{(prompt, max_tokens): greedy text} from the same engine run in this process (the oracle)."""
-    from trtforge.config.sampling import SamplingParams  # noqa: PLC0415 - torch
-    from trtforge.serving.engine import LLMEngine  # noqa: PLC0415
+    from trtforge.config.sampling import SamplingParams  # torch
+    from trtforge.serving.engine import LLMEngine
 
     engine = LLMEngine.from_engine_dir(engine_dir)
     expected = {}

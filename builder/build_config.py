@@ -11,12 +11,16 @@ BACKENDS = ("torch", "tensorrt", "trtllm")  # the ones that exist; `build-engine
 DTYPES = ("auto", "float32", "float16", "bfloat16")
 QUANTIZATIONS = ("none", "int8_wo", "int4_wo")
 KV_CACHE_DTYPES = ("auto", "int8")
+
+
 @dataclass
 class BuildConfig:
     """Options of `build-engine`; recorded in engine.json under "build"."""
 
     backend: str = "torch"
-    """torch (runs on CPU and CUDA with trtforge's runtime) | tensorrt (ONNX + PagedAttention plugin → TensorRT plan; needs a GPU) | trtllm (NVIDIA TensorRT-LLM engine for Triton's tensorrtllm backend; needs its NGC image and a GPU)."""
+    """torch (runs on CPU and CUDA with trtforge's runtime) | tensorrt (ONNX + PagedAttention plugin → TensorRT
+    plan; needs a GPU) | trtllm (NVIDIA TensorRT-LLM engine for Triton's tensorrtllm backend; needs its NGC image
+    and a GPU)."""
     dtype: str = "auto"
     """Weight and activation dtype: auto (the checkpoint's own) | float32 | float16 | bfloat16."""
     max_batch_size: int = 64
@@ -30,19 +34,33 @@ class BuildConfig:
     kv_cache_memory: str = "2GiB"
     """Memory given to the paged KV cache, e.g. 4GiB; decides how many blocks exist."""
     kv_cache_dtype: str = "auto"
-    """KV cache storage: auto (the model dtype) | int8 (symmetric int8 with one float32 scale per token and KV head, written by the attention op and dequantised when read: per token 2·layers·kv_heads·(head_dim + 4) bytes, so the same --kv-cache-memory holds 4D/(D+4) ≈ 3.8x the blocks of float32, 2D/(D+4) ≈ 1.9x those of bfloat16/float16). torch backend, CPU only."""
+    """KV cache storage: auto (the model dtype) | int8 (symmetric int8 with one float32 scale per token and KV
+    head, written by the attention op and dequantised when read: per token 2·layers·kv_heads·(head_dim + 4) bytes,
+    so the same --kv-cache-memory holds 4D/(D+4) ≈ 3.8x the blocks of float32, 2D/(D+4) ≈ 1.9x those of
+    bfloat16/float16). torch backend, CPU only."""
     quantization: str = "none"
-    """Weight-only quantisation of the decoder's linear layers (fused q/k/v, o, gate/up, down): none | int8_wo (int8, one float32 scale per output channel) | int4_wo (int4 packed two per byte, one float32 scale per --group-size inputs). The LM head too, as int8 per output channel unless --lm-head-quantization int4_wo (see --quantize-lm-head); embeddings, norms and biases stay in --dtype. torch backend only."""
+    """Weight-only quantisation of the decoder's linear layers (fused q/k/v, o, gate/up, down): none | int8_wo
+    (int8, one float32 scale per output channel) | int4_wo (int4 packed two per byte, one float32 scale per
+    --group-size inputs). The LM head too, as int8 per output channel unless --lm-head-quantization int4_wo (see
+    --quantize-lm-head); embeddings, norms and biases stay in --dtype. torch backend only."""
     quantize_lm_head: bool = True
-    """With --quantization: store the LM head as int8 with one float32 scale per vocabulary row (for int4_wo too) and run it through the quantized GEMV. A tied head is the embedding table: token embeddings are then dequantised from the same int8 rows (no float copy is kept). --no-quantize-lm-head keeps the head (and a tied embedding) in --dtype."""
+    """With --quantization: store the LM head as int8 with one float32 scale per vocabulary row (for int4_wo too)
+    and run it through the quantized GEMV. A tied head is the embedding table: token embeddings are then
+    dequantised from the same int8 rows (no float copy is kept). --no-quantize-lm-head keeps the head (and a tied
+    embedding) in --dtype."""
     lm_head_quantization: str = "int8_wo"
-    """With --quantization (and the LM head quantized): int8_wo (one float32 scale per vocabulary row, the default) | int4_wo (int4 with one float32 scale per --group-size inputs, as ONNX Runtime GenAI's int4 models store theirs: half the head's bytes, ~0.07 GB less read per decode step of a 152k-vocabulary 0.5B model). A tied embedding is looked up in the same rows."""
+    """With --quantization (and the LM head quantized): int8_wo (one float32 scale per vocabulary row, the
+    default) | int4_wo (int4 with one float32 scale per --group-size inputs, as ONNX Runtime GenAI's int4 models
+    store theirs: half the head's bytes, ~0.07 GB less read per decode step of a 152k-vocabulary 0.5B model). A
+    tied embedding is looked up in the same rows."""
     group_size: int = 128
-    """Inputs sharing one int4_wo scale; must be even and divide every quantized layer's in_features (multiples of 8 use the C kernels)."""
+    """Inputs sharing one int4_wo scale; must be even and divide every quantized layer's in_features (multiples
+    of 8 use the C kernels)."""
     allow_pickle: bool = False
     """Accept pickled .bin weights (loaded with torch.load(weights_only=True)). Off: only safetensors."""
     tp_size: int = 1
-    """Tensor-parallel ranks: rank{r}.safetensors per rank, Megatron-style splits, run on torch.distributed (docs/scale-out.md). Torch backend, unquantized only."""
+    """Tensor-parallel ranks: rank{r}.safetensors per rank, Megatron-style splits, run on torch.distributed
+    (docs/scale-out.md). Torch backend, unquantized only."""
 
     def to_dict(self) -> dict:
         d = asdict(self)
@@ -73,7 +91,8 @@ class BuildConfig:
             if getattr(self, name) < 1:
                 raise BuildError(f"--{name.replace('_', '-')} must be ≥ 1, got {getattr(self, name)}.")
         if self.max_seq_len > limit:
-            why = "sliding window" if sliding_window and sliding_window < max_position_embeddings else "max_position_embeddings"
+            windowed = sliding_window and sliding_window < max_position_embeddings
+            why = "sliding window" if windowed else "max_position_embeddings"
             raise BuildError(f"--max-seq-len {self.max_seq_len} exceeds the model's {why} ({limit}); "
                              f"choose --max-seq-len ≤ {limit}.")
         if self.max_num_tokens < self.kv_block_size:
@@ -89,7 +108,8 @@ class BuildConfig:
     def check_quantization_options(self) -> None:
         """The quantisation options on their own and against the backend (before any model is read)."""
         if self.quantization not in QUANTIZATIONS:
-            raise BuildError(f"--quantization {self.quantization!r} is unknown: choose one of {', '.join(QUANTIZATIONS)}.")
+            raise BuildError(f"--quantization {self.quantization!r} is unknown: "
+                             f"choose one of {', '.join(QUANTIZATIONS)}.")
         if self.quantization != "none" and self.backend != "torch":
             raise BuildError(f"--quantization {self.quantization} is not supported with --backend {self.backend} yet: "
                              f"only the torch backend runs quantized weights. Build with --backend torch, or "
@@ -104,7 +124,7 @@ class BuildConfig:
                              f"size ≥ 2 that divides the layers' in_features (usually 128, 64 or 32).")
 
     def check_tp_options(self) -> None:
-        """--tp-size against the backend and quantisation (the model's shapes: tensor_parallel.py)."""
+        """--tp-size against the backend and quantisation (the model's shapes: models/tensor_parallel.py)."""
         if self.tp_size < 1:
             raise BuildError(f"--tp-size must be ≥ 1, got {self.tp_size}.")
         if self.tp_size > 1 and self.backend != "torch":

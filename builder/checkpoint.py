@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import json
 import struct
-
 from contextlib import ExitStack
 from dataclasses import dataclass
 from pathlib import Path
@@ -35,7 +34,7 @@ def resolve(path_or_id: str) -> Path:
         from huggingface_hub import snapshot_download
 
         return Path(snapshot_download(path_or_id, allow_patterns=_HUB_PATTERNS))
-    except Exception as exc:  # network errors come in many classes
+    except Exception as exc:  # noqa: BLE001 - network errors come in many classes: one BuildError
         raise BuildError(
             f"could not download {path_or_id!r} from the Hugging Face hub ({type(exc).__name__}: "
             f"{str(exc).splitlines()[0] if str(exc) else ''}). This machine may have no network or "
@@ -57,7 +56,7 @@ def load_hf_config(ckpt: Path) -> Any:
 
     try:
         return AutoConfig.from_pretrained(str(ckpt))
-    except Exception as exc:
+    except Exception as exc:  # noqa: BLE001 - whatever transformers raises: one BuildError naming the file
         raise BuildError(f"transformers cannot read {ckpt / 'config.json'}: {exc}") from None
 
 
@@ -69,7 +68,7 @@ def check_tokenizer(ckpt: Path) -> None:
 
     try:
         AutoTokenizer.from_pretrained(str(ckpt))
-    except Exception as exc:
+    except Exception as exc:  # noqa: BLE001 - whatever transformers raises: one BuildError naming the file
         raise BuildError(f"the tokenizer in {ckpt} cannot be loaded by transformers: {exc}") from None
 
 

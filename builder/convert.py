@@ -16,15 +16,13 @@ import torch
 from tqdm import tqdm
 
 from trtforge.builder.architectures import ArchSpec, WeightRule
-from trtforge.plugins.cpu.quant_linear import quantize
-
 from trtforge.builder.checkpoint import TensorReader
+from trtforge.builder.safetensors_stream import StreamingSafetensorsWriter
 from trtforge.models.errors import BuildError
 from trtforge.models.model_config import ModelConfig
 from trtforge.models.quantized_layers import is_quantized_weight, quantized_head_source
 from trtforge.models.rope import compute_inv_freq
-from trtforge.builder.safetensors_stream import StreamingSafetensorsWriter
-
+from trtforge.plugins.cpu.quant_linear import quantize
 
 
 @dataclass
@@ -105,7 +103,7 @@ def _quantized_layout(item: Item, quant: dict[str, Any]) -> list[tuple[str, torc
 
 
 def _head_layout(item: Item, quant: dict[str, Any]) -> list[tuple[str, torch.dtype, tuple[int, ...]]]:
-    """The quantized LM head (builder/quant_linear.py): int8 per vocabulary row, or int4 per group."""
+    """The quantized LM head (plugins/cpu/quant_linear.py): int8 per vocabulary row, or int4 per group."""
     return _quantized_layout(Item("head_linear.weight", item.sources, item.combine, item.shape),
                              {"scheme": quant["lm_head"], "group_size": quant.get("lm_head_group_size")})
 

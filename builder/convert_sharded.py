@@ -2,7 +2,7 @@
 
 The same plan as convert.py (every tensor checked against the config before anything is written),
 then each output tensor is read and combined once and its slice for every rank written to that
-rank's file (tensor_parallel.py says which slice). Peak memory stays near one combined tensor.
+rank's file (models/tensor_parallel.py says which slice). Peak memory stays near one combined tensor.
 `--tp-size 1` never comes here: convert.py writes rank0.safetensors as it always has.
 """
 
@@ -17,8 +17,8 @@ from tqdm import tqdm
 from trtforge.builder.architectures import ArchSpec
 from trtforge.builder.checkpoint import TensorReader
 from trtforge.builder.convert import _combine, plan_with_extras
-from trtforge.models.model_config import ModelConfig
 from trtforge.builder.safetensors_stream import StreamingSafetensorsWriter
+from trtforge.models.model_config import ModelConfig
 from trtforge.models.tensor_parallel import shard_of, shard_tensor
 
 

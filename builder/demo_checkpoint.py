@@ -15,9 +15,9 @@ from typing import Any
 
 import torch
 
-from trtforge.models.errors import BuildError
 from trtforge.builder.demo_text import corpus_lines, speak_only_words, train_briefly
 from trtforge.builder.tokenizer_training import CHAT_TEMPLATE, train_tiny_tokenizer
+from trtforge.models.errors import BuildError
 
 ARCHS = {"qwen2": "Qwen2ForCausalLM", "llama": "LlamaForCausalLM", "gpt2": "GPT2LMHeadModel",
          "qwen3": "Qwen3ForCausalLM", "mistral": "MistralForCausalLM"}

@@ -52,7 +52,9 @@ def _sliding_window(hf: Any) -> int | None:
 
 
 def _from_hf(spec: ArchSpec, hf: Any) -> ModelConfig:
-    g = lambda name, default=None: getattr(hf, name, default)  # noqa: E731
+    def g(name: str, default: Any = None) -> Any:
+        return getattr(hf, name, default)
+
     if spec.family == "gpt2":
         if g("scale_attn_by_inverse_layer_idx") or g("reorder_and_upcast_attn"):
             raise BuildError("GPT-2 variants with scale_attn_by_inverse_layer_idx / "

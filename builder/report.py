@@ -38,7 +38,8 @@ class BuildReport:
             f"parameters            {self.parameters:,}",
             f"weights               {self.weight_bytes / gib:.3f} GiB" + (
                 f" ({self.quantization}; {self.weight_bytes_unquantized / gib:.3f} GiB before, "
-                f"{self.weight_bytes_unquantized / max(self.weight_bytes, 1):.2f}x smaller)" if self.quantization else ""),
+                f"{self.weight_bytes_unquantized / max(self.weight_bytes, 1):.2f}x smaller)"
+                if self.quantization else ""),
             f"KV per token          {self.kv_bytes_per_token / 1024:.1f} KiB" + (
                 " (int8 + float32 scale per token and head)" if self.kv_cache_dtype == "int8" else ""),
             f"KV budget             {self.kv_cache_bytes / gib:.3f} GiB = {self.kv_num_blocks:,} blocks "

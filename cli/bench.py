@@ -7,9 +7,8 @@ import time
 
 import click
 
-from trtforge.config.fields import dataclass_options, pick
-
 from trtforge.bench.offline_config import OfflineBenchConfig
+from trtforge.config.fields import dataclass_options, pick
 
 
 @click.group(context_settings={"help_option_names": ["-h", "--help"]})

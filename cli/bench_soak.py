@@ -10,9 +10,8 @@ from typing import Any
 
 import click
 
-from trtforge.config.fields import dataclass_options, pick
-
 from trtforge.bench.soak_config import SoakConfig
+from trtforge.config.fields import dataclass_options, pick
 
 
 @click.command("soak", context_settings={"help_option_names": ["-h", "--help"]})
@@ -29,8 +28,8 @@ def soak(server_env: tuple[str, ...], json_path: str | None, **options: Any) -> 
     if bad:
         raise click.BadParameter(f"{bad[0]!r}: expected KEY=VALUE", param_hint="--server-env")
     env = dict(e.split("=", 1) for e in server_env)
-    from trtforge.bench import soak_report as R  # noqa: PLC0415 - numpy, tritonclient: only when it runs
-    from trtforge.bench.soak import run_soak  # noqa: PLC0415
+    from trtforge.bench import soak_report as R  # numpy, tritonclient: only when it runs
+    from trtforge.bench.soak import run_soak
 
     report = run_soak(cfg, env)
     click.echo(R.format_text(report))

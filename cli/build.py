@@ -85,7 +85,7 @@ def _validated_schedule(values: dict[str, Any], build: BuildConfig) -> dict[str,
     if not values:
         return values
     try:
-        from trtforge.config.scheduler import SchedulerConfig, ConfigError
+        from trtforge.config.scheduler import ConfigError, SchedulerConfig
     except ImportError:  # serving not installed: the runtime validates at load
         return values
     try:

@@ -2,8 +2,6 @@
 
     trtforge export-onnx ENGINE_DIR OUT_DIR [--dtype float32]   → OUT_DIR/rank0.onnx (+ export.json)
     trtforge verify-onnx OUT_DIR                                → ONNX Runtime vs the torch engine
-
-`build_tensorrt` (re-exported here) is the `build-engine --backend tensorrt` hook.
 """
 
 from __future__ import annotations
@@ -14,7 +12,6 @@ from pathlib import Path
 import click
 
 from trtforge.models.errors import BuildError
-from trtforge.builder.tensorrt.build import build_tensorrt  # noqa: F401  (re-export for the build CLI)
 
 EXPORT_JSON = "export.json"
 DTYPE_CHOICES = ("engine", "float32", "float16", "bfloat16")
@@ -23,8 +20,8 @@ DTYPE_CHOICES = ("engine", "float32", "float16", "bfloat16")
 def _load(engine_dir: str, dtype: str):
     import torch
 
-    from trtforge.models.loader import load_network
     from trtforge.models.engine_dir import read_engine_config
+    from trtforge.models.loader import load_network
 
     cfg = read_engine_config(engine_dir)
     model = load_network(engine_dir, cfg, device="cpu")
@@ -41,9 +38,8 @@ def _load(engine_dir: str, dtype: str):
 def export_onnx_cmd(engine_dir: str, out_dir: str, dtype: str) -> None:
     """Export a torch-backend ENGINE_DIR as ONNX with one trtforge::PagedAttention node per layer."""
     # Imported here: the paged_attention package imports torch, which `trtforge --help` must not.
-    from trtforge.plugins.paged_attention.names import OP_TYPE, QUALIFIED_NAME
-
     from trtforge.builder.tensorrt.onnx_export import check_graph, export_onnx
+    from trtforge.plugins.paged_attention.names import OP_TYPE, QUALIFIED_NAME
 
     try:
         cfg, model = _load(engine_dir, dtype)

@@ -10,9 +10,9 @@ overrides — all go through `parse_text`, so every front accepts the same spell
 from __future__ import annotations
 
 import ast
-import re
 import dataclasses
 import inspect
+import re
 import textwrap
 import types
 import typing

@@ -13,6 +13,6 @@ DTYPE_BYTES = {"float32": 4, "float16": 2, "bfloat16": 2}
 
 def torch_dtype(name: str) -> torch.dtype:
     """torch.float32 for "float32", etc. (KeyError for a name that is not an engine dtype)."""
-    import torch  # noqa: PLC0415 - keeps this module importable without torch
+    import torch  # keeps this module importable without torch
 
     return {"float32": torch.float32, "float16": torch.float16, "bfloat16": torch.bfloat16}[name]

@@ -64,7 +64,7 @@ class EngineConfig:
     tp_size: int = 1
     schema_version: int = SCHEMA_VERSION
     tensor_parallel: dict[str, Any] | None = None
-    """tp_size > 1: what each rank{r}.safetensors holds (builder/tensor_parallel.py `mapping`); absent at tp 1."""
+    """tp_size > 1: what each rank{r}.safetensors holds (models/tensor_parallel.py `mapping`); absent at tp 1."""
 
     def to_json(self) -> str:
         d = dict(self.__dict__)
@@ -143,7 +143,8 @@ def _check_files(directory: Path, cfg: EngineConfig, rebuild: str) -> None:
     for name, digest in cfg.files.items():
         p = directory / name
         if not p.is_file():
-            raise EngineLoadError(f"{directory} is incomplete: {name} is listed in {ENGINE_JSON} but missing. {rebuild}")
+            raise EngineLoadError(f"{directory} is incomplete: {name} is listed in {ENGINE_JSON} but missing. "
+                                  f"{rebuild}")
         if digest_of(p, sha256) != digest:  # hashed, or recorded for this unchanged file
             raise EngineLoadError(f"{p} does not match the sha256 recorded in {ENGINE_JSON} (modified or "
                                   f"truncated after the build). {rebuild}")

@@ -10,8 +10,6 @@ from dataclasses import asdict, dataclass, field
 from typing import Any
 
 
-
-
 @dataclass
 class ModelConfig:
     """Architecture and dimensions of a decoder-only LM (one generic decoder covers all families)."""

@@ -119,8 +119,9 @@ def _rows(t: torch.Tensor, parts: list[tuple[int, int]]) -> torch.Tensor:
     return torch.cat([t[a:b] for a, b in parts], dim=0)
 
 
-def shard_tensor(name: str, t: torch.Tensor, cfg: ModelConfig, shard: TPShard) -> torch.Tensor:
-    """Rank `shard.rank`'s part of our (unsharded, combined) tensor `name` (builder/network.py's names)."""
+def shard_tensor(name: str, t: torch.Tensor, cfg: ModelConfig,  # noqa: PLR0911 - one return per kind of tensor
+                 shard: TPShard) -> torch.Tensor:
+    """Rank `shard.rank`'s part of our (unsharded, combined) tensor `name` (models/network.py's names)."""
     d, inter = cfg.head_dim, cfg.intermediate_size
     (q0, q1), (k0, k1), (i0, i1) = shard.q_heads, shard.kv_heads, shard.intermediate
     if ".attn.qkv." in name:  # rows: q heads | k heads | v heads (llama's concat and GPT-2's c_attn alike)

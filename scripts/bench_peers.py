@@ -123,11 +123,13 @@ def convert_ort(args, work: Path, precision: str) -> Path:
 def trt_batch1(engine_dir: Path, repeats: int, decode_tokens: int) -> dict:
     import torch
 
+    from trtforge.config.runtime import RuntimeConfig
     from trtforge.config.sampling import SamplingParams
     from trtforge.serving.engine import LLMEngine
 
     torch.set_num_threads(THREADS)
-    engine = LLMEngine.from_engine_dir(engine_dir, kv_cache_memory="384MiB", enable_prefix_caching=False)
+    engine = LLMEngine.from_engine_dir(engine_dir, RuntimeConfig(kv_cache_memory="384MiB"),
+                                       enable_prefix_caching=False)
 
     def generate(prompt: list[int], max_tokens: int) -> list[float]:
         engine.add_request(prompt, SamplingParams(max_tokens=max_tokens, ignore_eos=True))
@@ -153,7 +155,10 @@ def llama_batch1(bindir: Path, gguf: Path, repeats: int, decode_tokens: int) -> 
     p = run([bindir / "llama-bench", "-m", gguf, "-t", THREADS, "-p", ",".join(map(str, PROMPT_LENS)),
              "-n", decode_tokens, "-r", repeats, "-o", "json"], f"llama-bench {gguf.name}")
     rows = json.loads(p.stdout)
-    best = lambda r: max(r["samples_ts"])  # noqa: E731  best of the repeats, like the others
+
+    def best(r: dict) -> float:  # best of the repeats, like the others
+        return max(r["samples_ts"])
+
     out = {"prefill_tok_s": {}, "loadavg_1m": os.getloadavg()[0], "model_size": rows[0].get("model_size"),
            "build": rows[0].get("build_commit"), "cpu_info": rows[0].get("cpu_info")}
     for r in rows:
@@ -225,18 +230,20 @@ def trt_load(engine_dir: Path, n: int, max_batch_size: int | None, kv_cache_memo
     import torch
 
     from trtforge.bench.offline import run_inflight
+    from trtforge.config.runtime import RuntimeConfig
     from trtforge.config.sampling import SamplingParams
     from trtforge.serving.engine import LLMEngine
 
     torch.set_num_threads(THREADS)
     extra = {"max_batch_size": max_batch_size} if max_batch_size else {}
-    engine = LLMEngine.from_engine_dir(engine_dir, kv_cache_memory=kv_cache_memory, enable_prefix_caching=False,
-                                       **extra)
+    engine = LLMEngine.from_engine_dir(engine_dir, RuntimeConfig(kv_cache_memory=kv_cache_memory),
+                                       enable_prefix_caching=False, **extra)
     reqs = workload(n, engine.engine_config.model.vocab_size)
     engine.generate([list(range(10, 42))], SamplingParams(max_tokens=4))  # warm-up
     r = run_inflight(engine, reqs, "trtforge_inflight").to_dict()
     r["max_batch_size"] = engine.scheduler_config.max_batch_size
-    r["kv_cache_memory"], r["kv_slots"] = kv_cache_memory, engine.scheduler_config.num_blocks * engine.engine_config.block_size
+    r["kv_cache_memory"] = kv_cache_memory
+    r["kv_slots"] = engine.scheduler_config.num_blocks * engine.engine_config.block_size
     r["kv_cache_dtype"] = engine.engine_config.kv_cache_dtype
     r["loadavg_1m"] = os.getloadavg()[0]
     return r
@@ -360,20 +367,11 @@ def _ort_load_main(model_dir: str, spec_path: str) -> None:
         return {"elapsed_s": elapsed, "tokens": tokens, "finished": finished, "steps": steps, "widest": widest,
                 "blocked": blocked}
 
-    def check(out: dict, prompts_: list[list[int]], lens: list[int]) -> None:
-        for i, (prompt, new_tokens) in enumerate(zip(prompts_, lens)):
-            reason, prompt_tokens, generated = out["finished"].get(i, (None, None, None))
-            if (reason != og.FinishReason.MAX_GENERATED_TOKENS or generated != new_tokens
-                    or out["tokens"][i] != new_tokens or prompt_tokens != len(prompt)):
-                raise PeerFailed(f"ORT GenAI Engine request {i}: finish {reason}, {out['tokens'][i]} token events, "
-                                 f"usage {prompt_tokens} prompt + {generated} generated; expected {len(prompt)} + "
-                                 f"{new_tokens}")
-
     warm = [submit(list(range(10, 42)), 4)]  # warm-up (the first run builds the session's kernels)
-    check(drain(warm), [list(range(10, 42))], [4])
+    _check_ort_turns(drain(warm), [list(range(10, 42))], [4], og.FinishReason.MAX_GENERATED_TOKENS)
     requests = [submit(p, o) for p, o in zip(prompts, output_lens)]
     out = drain(requests)
-    check(out, prompts, output_lens)
+    _check_ort_turns(out, prompts, output_lens, og.FinishReason.MAX_GENERATED_TOKENS)
     for r, _ in warm + requests:
         r.close()
     caps = engine.get_capabilities()
@@ -383,6 +381,18 @@ def _ort_load_main(model_dir: str, spec_path: str) -> None:
                       "capacity_blocked_events": out["blocked"], "batching": "static (CPU: no PagedAttention model)"}))
 
 
+def _check_ort_turns(out: dict, prompts: list[list[int]], lens: list[int], max_tokens_reason) -> None:
+    """Every request of an _ort_load_main drain ended on its token limit, with as many TOKEN events and
+    generated tokens as its output length and its whole prompt counted."""
+    for i, (prompt, new_tokens) in enumerate(zip(prompts, lens)):
+        reason, prompt_tokens, generated = out["finished"].get(i, (None, None, None))
+        if (reason != max_tokens_reason or generated != new_tokens
+                or out["tokens"][i] != new_tokens or prompt_tokens != len(prompt)):
+            raise PeerFailed(f"ORT GenAI Engine request {i}: finish {reason}, {out['tokens'][i]} token events, "
+                             f"usage {prompt_tokens} prompt + {generated} generated; expected {len(prompt)} + "
+                             f"{new_tokens}")
+
+
 # ---- report ---------------------------------------------------------------------------------------
 def attempt(report: dict, key: str, fn, *a, **kw):
     """Run one measurement; a failure is recorded (and printed) as FAILED, never skipped silently."""
@@ -390,7 +400,7 @@ def attempt(report: dict, key: str, fn, *a, **kw):
         result = fn(*a, **kw)
         log(f"{key}: {json.dumps(result, default=str)[:400]}")
         return result
-    except Exception as e:  # noqa: BLE001  reported, and the script exits 1
+    except Exception as e:  # noqa: BLE001 - reported, and the script exits 1
         msg = f"{type(e).__name__}: {e}"
         print(f"\n*** {key} FAILED ***\n{msg}\n{traceback.format_exc()}", file=sys.stderr, flush=True)
         report["failures"][key] = msg
@@ -402,7 +412,8 @@ def fmt(x) -> str:
 
 
 def markdown(report: dict) -> str:
-    lines = ["| precision | engine (format) | decode tok/s (batch 1) | prefill tok/s @128 | @512 | output tok/s under load |",
+    lines = ["| precision | engine (format) | decode tok/s (batch 1) | prefill tok/s @128 | @512 "
+             "| output tok/s under load |",
              "|---|---|---:|---:|---:|---:|"]
     for prec, rows in report["batch1"].items():
         for eng, r in rows.items():
@@ -412,7 +423,8 @@ def markdown(report: dict) -> str:
                          f"{fmt(r and r['prefill_tok_s'][512])} | {fmt(load)} |")
         for eng, r in report["load"].get(prec, {}).items():  # load-only variants (max batch, int8 KV)
             if eng not in rows:
-                lines.append(f"| {prec} | {eng} | | | | {fmt(r.get('output_tokens_per_s') if isinstance(r, dict) else r)} |")
+                load = r.get("output_tokens_per_s") if isinstance(r, dict) else r
+                lines.append(f"| {prec} | {eng} | | | | {fmt(load)} |")
     return "\n".join(lines)
 
 
@@ -421,9 +433,15 @@ def plot(report: dict, path: str) -> None:
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    panels = [("batch-1 decode tok/s", lambda p, e: (report["batch1"][p].get(e) or {}).get("decode_tok_s")),
-              ("prefill tok/s, 512-token prompt", lambda p, e: ((report["batch1"][p].get(e) or {}).get("prefill_tok_s") or {}).get(512)),
-              ("output tok/s under load (64 requests)", lambda p, e: (report["load"].get(p, {}).get(e) or {}).get("output_tokens_per_s"))]
+    def batch1(p: str, e: str) -> dict:
+        return report["batch1"][p].get(e) or {}
+
+    def load(p: str, e: str) -> dict:
+        return report["load"].get(p, {}).get(e) or {}
+
+    panels = [("batch-1 decode tok/s", lambda p, e: batch1(p, e).get("decode_tok_s")),
+              ("prefill tok/s, 512-token prompt", lambda p, e: (batch1(p, e).get("prefill_tok_s") or {}).get(512)),
+              ("output tok/s under load (64 requests)", lambda p, e: load(p, e).get("output_tokens_per_s"))]
     engines = ["trtforge", "llama.cpp", "ORT GenAI"]
     fig, axes = plt.subplots(1, 3, figsize=(15, 4.5))
     for ax, (title, get) in zip(axes, panels):
@@ -442,6 +460,30 @@ def plot(report: dict, path: str) -> None:
     fig.savefig(path, dpi=110)
 
 
+def _parse_args() -> argparse.Namespace:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--work", required=True)
+    ap.add_argument("--llama-src", required=True)
+    ap.add_argument("--llama-bin", required=True)
+    ap.add_argument("--peers-python", required=True)
+    ap.add_argument("--repeats", type=int, default=3)
+    ap.add_argument("--decode-tokens", type=int, default=128)
+    ap.add_argument("--load-requests", type=int, default=64)
+    ap.add_argument("--precisions", default="fp32,int8,int4",
+                    help=f"batch-1 rows, comma-separated, of {','.join(PRECISIONS)} "
+                         "(int4h4: trtforge with an int4 LM head)")
+    ap.add_argument("--load-precisions", default="int8,int4", help="comma-separated, of fp32,int8,int4 ('' : none)")
+    ap.add_argument("--trt-load-max-batch", type=int, default=None,
+                    help="also run trtforge under load with this max_batch_size (e.g. 16, llama-server's slots)")
+    ap.add_argument("--trt-load-int8-kv", metavar="MEMORY", default=None,
+                    help="also run trtforge under load with an int8 KV cache of this size (engines "
+                         "WORK/trt_<scheme>_kv8, built by bench_peers.sh), e.g. 192MiB = llama-server's f16 cache "
+                         "of 16 x 1024 slots")
+    ap.add_argument("--json")
+    ap.add_argument("--plot")
+    return ap.parse_args()
+
+
 def main() -> None:
     if len(sys.argv) > 1 and sys.argv[1] == "_gguf":
         return _gguf_main(*sys.argv[2:5])
@@ -453,25 +495,7 @@ def main() -> None:
     if len(sys.argv) > 1 and sys.argv[1] == "_ort_load":
         return _ort_load_main(*sys.argv[2:4])
 
-    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--work", required=True)
-    ap.add_argument("--llama-src", required=True)
-    ap.add_argument("--llama-bin", required=True)
-    ap.add_argument("--peers-python", required=True)
-    ap.add_argument("--repeats", type=int, default=3)
-    ap.add_argument("--decode-tokens", type=int, default=128)
-    ap.add_argument("--load-requests", type=int, default=64)
-    ap.add_argument("--precisions", default="fp32,int8,int4",
-                    help=f"batch-1 rows, comma-separated, of {','.join(PRECISIONS)} (int4h4: trtforge with an int4 LM head)")
-    ap.add_argument("--load-precisions", default="int8,int4", help="comma-separated, of fp32,int8,int4 ('' : none)")
-    ap.add_argument("--trt-load-max-batch", type=int, default=None,
-                    help="also run trtforge under load with this max_batch_size (e.g. 16, llama-server's slots)")
-    ap.add_argument("--trt-load-int8-kv", metavar="MEMORY", default=None,
-                    help="also run trtforge under load with an int8 KV cache of this size (engines WORK/trt_<scheme>_kv8, "
-                         "built by bench_peers.sh), e.g. 192MiB = llama-server's f16 cache of 16 x 1024 slots")
-    ap.add_argument("--json")
-    ap.add_argument("--plot")
-    args = ap.parse_args()
+    args = _parse_args()
     work, bindir = Path(args.work), Path(args.llama_bin)
     uptime = subprocess.run(["uptime"], capture_output=True, text=True).stdout.strip()
     report = {"uptime_start": uptime, "loadavg_start": os.getloadavg()[0], "threads": THREADS,

@@ -16,9 +16,9 @@ import time
 
 import torch
 
-from trtforge.models.kv_sizing import kv_bytes_per_token
 from trtforge.bench.offline import copy_bandwidth, weight_bytes_per_decode_step
 from trtforge.config.sampling import SamplingParams
+from trtforge.models.kv_sizing import kv_bytes_per_token
 from trtforge.serving.engine import LLMEngine
 
 
@@ -60,7 +60,8 @@ def bench(engine_dir: str, repeats: int) -> dict:
         ms = decode_ms(engine, vocab)
         if ms < best_decode:
             best_decode, best_bw = ms, bw
-    kv = kv_bytes_per_token(cfg.model, cfg.dtype, cfg.kv_cache_dtype) * 32  # mean context of the decode steps (16 + 32/2)
+    # x 32: the mean context of the decode steps (16 + 32/2)
+    kv = kv_bytes_per_token(cfg.model, cfg.dtype, cfg.kv_cache_dtype) * 32
     bound_ms = 1e3 * (weights + kv) / best_bw
     prefill = {n: max(prefill_tok_s(engine, vocab, n, seed) for seed in range(repeats)) for n in (128, 512)}
     q = cfg.quantization or {}

@@ -19,14 +19,19 @@ from trtforge.plugins.cpu.linear import onednn_linear
 SHAPES = [(1152, 896), (896, 896), (9728, 896), (896, 4864)]  # (out, in): qkv, o_proj, gate_up, down
 
 
-def best(fn, repeats: int) -> float:
-    fn()
+def best(repeats: int, fn, *args) -> float:
+    fn(*args)
     times = []
     for _ in range(repeats):
         t = time.perf_counter()
-        fn()
+        fn(*args)
         times.append(time.perf_counter() - t)
     return min(times)
+
+
+def dequantize_linear(x, scratch, q, s, scheme: str, group: int):
+    """The float-activation path: dequantise into `scratch`, then oneDNN."""
+    return onednn_linear(x, ql.dequantize_into(scratch, q, s, scheme, group), None)
 
 
 def main() -> None:
@@ -49,12 +54,11 @@ def main() -> None:
         for rows in map(int, args.rows.split(",")):
             t = {"f32": 0.0, "deq": 0.0, "a8": 0.0}
             with torch.inference_mode():
-                for (n, k), (q, s, wd, scratch) in zip(SHAPES, weights):
+                for (_, k), (q, s, wd, scratch) in zip(SHAPES, weights):
                     x = torch.randn(rows, k)
-                    t["f32"] += best(lambda: onednn_linear(x, wd, None), args.repeats)
-                    t["deq"] += best(lambda: onednn_linear(x, ql.dequantize_into(scratch, q, s, scheme, group), None),
-                                     args.repeats)
-                    t["a8"] += best(lambda: ql.gemv(x, q, s, None, scheme, group, "int8"), args.repeats)
+                    t["f32"] += best(args.repeats, onednn_linear, x, wd, None)
+                    t["deq"] += best(args.repeats, dequantize_linear, x, scratch, q, s, scheme, group)
+                    t["a8"] += best(args.repeats, ql.gemv, x, q, s, None, scheme, group, "int8")
             flop = 2 * rows * sum(n * k for n, k in SHAPES)
             print(f"{scheme:8s} {rows:5d} {1e3 * t['f32']:14.1f} {1e3 * t['deq']:14.1f} {1e3 * t['a8']:12.1f} "
                   f"{flop / t['a8'] / 1e9:8.0f} {t['f32'] / t['a8']:6.2f}x {t['deq'] / t['a8']:6.2f}x", flush=True)

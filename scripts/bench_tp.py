@@ -67,7 +67,8 @@ def measure(engine_dir: Path, batch: int, prompt_len: int, steps: int) -> dict[s
               "threads": torch.get_num_threads()}
     if comm is not None:
         n = len(times)
-        result.update(allreduce_per_step=comm.reduce_calls / n, allreduce_bytes_per_call=comm.reduce_bytes / comm.reduce_calls,
+        result.update(allreduce_per_step=comm.reduce_calls / n,
+                      allreduce_bytes_per_call=comm.reduce_bytes / comm.reduce_calls,
                       allreduce_ms_per_step=1e3 * comm.reduce_seconds / n,
                       allreduce_us_per_call=1e6 * comm.reduce_seconds / comm.reduce_calls,
                       gather_bytes_per_step=comm.gather_bytes / n, gather_ms_per_step=1e3 * comm.gather_seconds / n)
@@ -100,10 +101,12 @@ def main() -> None:
             line = (f"tp {tp}: decode step {r['decode_step_ms']:.2f} ms (median of {r['steps']}), "
                     f"{r['decode_tok_s']:.0f} tokens/s, {r['threads']} torch threads/rank")
             if tp > 1:
-                line += (f"\n      all-reduce: {r['allreduce_per_step']:.0f}/step × {r['allreduce_bytes_per_call'] / 1024:.0f} KiB, "
+                line += (f"\n      all-reduce: {r['allreduce_per_step']:.0f}/step × "
+                         f"{r['allreduce_bytes_per_call'] / 1024:.0f} KiB, "
                          f"{r['allreduce_us_per_call']:.0f} µs each = {r['allreduce_ms_per_step']:.2f} ms/step "
                          f"({100 * r['allreduce_ms_per_step'] / r['decode_step_ms']:.0f} % of the step); "
-                         f"logits all-gather {r['gather_bytes_per_step'] / 1024:.0f} KiB, {r['gather_ms_per_step']:.2f} ms/step")
+                         f"logits all-gather {r['gather_bytes_per_step'] / 1024:.0f} KiB, "
+                         f"{r['gather_ms_per_step']:.2f} ms/step")
             print(line, flush=True)
 
 

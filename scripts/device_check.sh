@@ -5,7 +5,7 @@
 #   scripts/device_check.sh [--dry-run] [OUT_DIR]        (default OUT_DIR: ./device_check_out)
 #
 # Runs from the repository checkout as it is: no pip, no network. trtforge's sub-packages are
-# made importable through a temporary PYTHONPATH shim (trtforge/{builder,plugins,serving,model_repo} ->
+# made importable through a temporary PYTHONPATH shim (trtforge/<stage> ->
 # the repo's top-level dirs), which is what the pyproject package-dir mapping does when installed.
 # --dry-run runs every step on CPU with tiny shapes (Triton interpreter): checks the script itself.
 # Each step has a timeout (the sum stays under 8 minutes, 11 where TensorRT-LLM is installed); one
@@ -28,7 +28,7 @@ WORK="$(mktemp -d "${TMPDIR:-/tmp}/trtforge-device-check.XXXXXX")"
 trap 'rm -rf "$WORK"' EXIT
 
 mkdir -p "$WORK/pythonpath/trtforge"
-for pkg in builder plugins serving model_repo; do
+for pkg in config plugins models builder serving model_repo frontend bench cli; do
     ln -s "$REPO/$pkg" "$WORK/pythonpath/trtforge/$pkg"
 done
 export PYTHONPATH="$WORK/pythonpath:$REPO/scripts/gpu${PYTHONPATH:+:$PYTHONPATH}"

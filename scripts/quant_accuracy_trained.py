@@ -28,8 +28,8 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # tests.builder.quant_accuracy
 
-from tests.builder.quant_accuracy import measure  # noqa: E402
-from trtforge.builder.tokenizer_training import train_tiny_tokenizer  # noqa: E402
+from tests.builder.quant_accuracy import measure
+from trtforge.builder.tokenizer_training import train_tiny_tokenizer
 
 VOCAB, HIDDEN, INTERMEDIATE, LAYERS, HEADS, KV_HEADS = 4096, 256, 768, 4, 4, 2
 """Model shapes: intermediate a multiple of 128 so int4 takes group 128, the default."""

@@ -19,8 +19,9 @@ def test_wheel_has_no_generic_top_level_names(tmp_path):
     tops = {name.split("/")[0] for name in zipfile.ZipFile(wheel).namelist()}
     assert tops == {"trtforge", wheel.name.split("-")[0] + "-" + wheel.name.split("-")[1] + ".dist-info"}
     names = zipfile.ZipFile(wheel).namelist()
-    for module in ("trtforge/models/network.py", "trtforge/config/scheduler.py", "trtforge/plugins/paged_attention/op.py",
-                   "trtforge/serving/engine.py", "trtforge/serving/core/scheduler.py",
+    for module in ("trtforge/models/network.py", "trtforge/config/scheduler.py",
+                   "trtforge/plugins/paged_attention/op.py", "trtforge/serving/engine.py",
+                   "trtforge/serving/core/scheduler.py",
                    "trtforge/model_repo/emit.py", "trtforge/model_repo/python_models/engine.py",
                    "trtforge/model_repo/python_models/router.py", "trtforge/frontend/server.py",
                    "trtforge/bench/offline.py", "trtforge/cli/main.py",
@@ -34,8 +35,9 @@ def test_wheel_has_no_generic_top_level_names(tmp_path):
 
 
 def test_generic_names_not_importable_outside_the_repo():
+    stages = ("config", "models", "builder", "serving", "plugins", "model_repo", "frontend", "bench", "cli")
     code = ("import importlib.util, sys; import trtforge.serving.engine; "
-            "sys.exit(any(importlib.util.find_spec(m) for m in ('config', 'models', 'builder', 'serving', 'plugins', 'model_repo', 'frontend', 'bench', 'cli')))")
+            f"sys.exit(any(importlib.util.find_spec(m) for m in {stages!r}))")
     result = subprocess.run([sys.executable, "-c", code], cwd="/", capture_output=True, text=True)
     assert result.returncode == 0, result.stderr
 

@@ -22,10 +22,10 @@ import os
 from pathlib import Path
 from typing import Any
 
+from trtforge.builder.tensorrt.availability import find_tensorrt
 from trtforge.config.fields import parse_bytes
 from trtforge.models.errors import BuildError
 from trtforge.models.kv_sizing import kv_bytes_per_token
-from trtforge.builder.tensorrt.availability import find_tensorrt
 
 log = logging.getLogger(__name__)
 
@@ -116,8 +116,8 @@ def build_tensorrt(engine_dir_tmp: str | Path, cfg: Any, timing_cache: str | Pat
     timing_cache: file reused across builds (default: $TRTFORGE_TIMING_CACHE if set).
     """
     trt = require_tensorrt()
-    from trtforge.models.loader import load_network
     from trtforge.builder.tensorrt.onnx_export import check_graph, export_onnx
+    from trtforge.models.loader import load_network
 
     tmp = Path(engine_dir_tmp)
     model = load_network(tmp, cfg, device="cpu")

@@ -1,6 +1,6 @@
 """Export a trtforge network to ONNX: one graph for prefill and decode, for TensorRT.
 
-Graph interface (names are the contract with `serving/trt_executor.py` and `onnx_verify.py`):
+Graph interface (names are the contract with `serving/worker/trt_executor.py` and `onnx_verify.py`):
 
     inputs   input_ids        int64 [T]            packed new tokens of S sequences
              positions        int64 [T]
@@ -27,9 +27,8 @@ from pathlib import Path
 import torch
 from torch import nn
 
-from trtforge.plugins.paged_attention.metadata import AttentionMetadata
-
 from trtforge.models.errors import BuildError
+from trtforge.plugins.paged_attention.metadata import AttentionMetadata
 from trtforge.plugins.paged_attention.names import DOMAIN, OP_TYPE, QUALIFIED_NAME
 from trtforge.plugins.paged_attention.onnx_export import redirect_paged_attention, translation_table
 

@@ -15,9 +15,8 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from trtforge.plugins.paged_attention.metadata import AttentionMetadata
-
 from trtforge.builder.tensorrt.onnx_export import LOGITS, kv_input_name, kv_output_name
+from trtforge.plugins.paged_attention.metadata import AttentionMetadata
 
 # (sequence id, new tokens) per step: two prompts; both decode; seq 0 decodes while a third
 # prompt is prefilled in the same step.

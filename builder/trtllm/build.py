@@ -19,9 +19,9 @@ from pathlib import Path
 from typing import Any, Callable
 
 from trtforge.builder.build_config import BuildConfig
-from trtforge.models.errors import BuildError
 from trtforge.builder.trtllm.options import TrtllmBuildOptions, check_block_size, trtllm_build_options
 from trtforge.builder.trtllm.versions import TARGET
+from trtforge.models.errors import BuildError
 
 log = logging.getLogger(__name__)
 

@@ -19,11 +19,11 @@ import time
 os.environ["TRITON_INTERPRET"] = "0"
 os.environ.setdefault("TRITON_DEFAULT_FP_FUSION", "1")
 
-import triton  # noqa: E402
-from triton.backends.compiler import GPUTarget  # noqa: E402
-from triton.compiler import ASTSource  # noqa: E402
+import triton
+from triton.backends.compiler import GPUTarget
+from triton.compiler import ASTSource
 
-from trtforge.plugins.paged_attention import triton_kernels as tk  # noqa: E402
+from trtforge.plugins.paged_attention import triton_kernels as tk
 
 _ATTN_PTRS = ("q_ptr", "cache_ptr", "out_ptr")
 _INDEX_PTRS = ("block_tables_ptr", "seq_lens_ptr", "query_start_loc_ptr")

@@ -59,8 +59,8 @@ def build_demo_engine(work: Path, size: str, dtype: str, build_args: list[str],
 
     Returns (checkpoint dir, engine dir). `build_args` are extra `build-engine` options.
     """
-    from trtforge.cli.build import build_engine
     from trtforge.builder.demo_checkpoint import write_demo_checkpoint
+    from trtforge.cli.build import build_engine
 
     ckpt = work / f"{arch}-{size}-{dtype}-ckpt"
     engine = work / f"{arch}-{size}-{dtype}-engine"

@@ -99,7 +99,7 @@ def main(out: Path) -> int:
         print(f"# {title}")
         try:
             print("\n".join(make()))
-        except Exception as exc:  # a report with a hole beats no report
+        except Exception as exc:  # noqa: BLE001 - a report with a hole beats no report
             print(f"  could not summarise: {type(exc).__name__}: {exc}")
     return 0
 

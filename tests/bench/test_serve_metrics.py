@@ -12,8 +12,7 @@ import random
 
 import pytest
 
-from trtforge.bench.serve_metrics import (SLO, Distribution, RequestRecord, compute_metrics,
-                                                  format_table)
+from trtforge.bench.serve_metrics import SLO, Distribution, RequestRecord, compute_metrics, format_table
 
 
 def _record(start: float, token_times: list[float], output_len: int | None = None,

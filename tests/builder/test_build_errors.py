@@ -80,7 +80,8 @@ def test_missing_tokenizer(tmp_path, good_ckpt):
 
 
 @pytest.mark.parametrize("args,needles", [
-    (["--max-num-tokens", "8", "--kv-block-size", "16", "--max-batch-size", "4"], ["--max-num-tokens 8", "--kv-block-size 16"]),
+    (["--max-num-tokens", "8", "--kv-block-size", "16", "--max-batch-size", "4"],
+     ["--max-num-tokens 8", "--kv-block-size 16"]),
     (["--max-num-tokens", "32", "--max-batch-size", "64"], ["--max-batch-size 64"]),
     (["--max-seq-len", "100000"], ["--max-seq-len 100000", "512"]),
     (["--kv-cache-memory", "1KiB"], ["--kv-cache-memory 1KiB"]),

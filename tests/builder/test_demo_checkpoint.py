@@ -11,8 +11,8 @@ from transformers import AutoTokenizer
 from trtforge.builder.build import build_engine
 from trtforge.builder.build_config import BuildConfig
 from trtforge.builder.demo_checkpoint import write_demo_checkpoint
-from trtforge.models.errors import BuildError
 from trtforge.config.sampling import SamplingParams
+from trtforge.models.errors import BuildError
 from trtforge.serving.engine import LLMEngine
 
 

@@ -10,13 +10,13 @@ from click.testing import CliRunner
 
 from tests.helpers.checkpoints import make_checkpoint
 from trtforge.builder.build_config import BuildConfig
+from trtforge.builder.report import make_report
+from trtforge.cli.main import main
 from trtforge.config.fields import parse_bytes
 from trtforge.models.engine_dir import read_engine_config
 from trtforge.models.errors import EngineLoadError
-from trtforge.models.model_config import ModelConfig
-from trtforge.builder.report import make_report
 from trtforge.models.kv_sizing import kv_bytes_per_token
-from trtforge.cli.main import main
+from trtforge.models.model_config import ModelConfig
 
 
 @pytest.fixture(scope="module")
@@ -124,7 +124,8 @@ def test_model_without_eos_stops_at_length(tmp_path):
     (ckpt / "config.json").write_text(json.dumps(cfg))
     (ckpt / "generation_config.json").unlink(missing_ok=True)
     out = tmp_path / "engine"
-    assert CliRunner().invoke(main, ["build", str(ckpt), "-o", str(out), "-q", "--kv-cache-memory", "8MiB"]).exit_code == 0
+    built = CliRunner().invoke(main, ["build", str(ckpt), "-o", str(out), "-q", "--kv-cache-memory", "8MiB"])
+    assert built.exit_code == 0, built.output
     result = CliRunner().invoke(main, ["generate", str(out), "--prompt", "Hello", "--max-tokens", "12", "--json"])
     assert result.exit_code == 0, result.output
     row = json.loads(result.output)
@@ -156,5 +157,6 @@ def test_generation_config_eos_ids_are_stop_ids(tmp_path):
     gen["eos_token_id"] = [0, 7]  # like Qwen2.5-Instruct: <|im_end|> only in generation_config.json
     (ckpt / "generation_config.json").write_text(json.dumps(gen))
     out = tmp_path / "engine"
-    assert CliRunner().invoke(main, ["build", str(ckpt), "-o", str(out), "-q", "--kv-cache-memory", "8MiB"]).exit_code == 0
+    built = CliRunner().invoke(main, ["build", str(ckpt), "-o", str(out), "-q", "--kv-cache-memory", "8MiB"])
+    assert built.exit_code == 0, built.output
     assert json.loads((out / "engine.json").read_text())["model"]["eos_token_ids"] == [0, 7]

@@ -11,9 +11,9 @@ from transformers import AutoTokenizer
 
 from tests.helpers.tokenizers import byte_level_tokenizer, sentencepiece_like_tokenizer
 from trtforge.builder.demo_text import corpus_lines
+from trtforge.builder.tokenizer_training import train_tiny_tokenizer
 from trtforge.models.loader import load_tokenizer
 from trtforge.models.plain_tokenizer import PlainTokenizer
-from trtforge.builder.tokenizer_training import train_tiny_tokenizer
 
 TEXTS = ["The quick brown fox", " leading space", "Café, naïve — déjà vu", "中文分词 🚀👍🏽🇫🇷",
          "<|im_start|>user\nhi<|im_end|>", "tabs\tand\nnewlines\n\n", "", "x" * 300]

@@ -51,8 +51,8 @@ def test_load_network_names_a_tensor_the_file_lacks(tmp_path):
     from tests.helpers.checkpoints import make_checkpoint
     from trtforge.builder.build import build_engine
     from trtforge.builder.build_config import BuildConfig
-    from trtforge.models.errors import EngineLoadError
     from trtforge.models.engine_dir import read_engine_config
+    from trtforge.models.errors import EngineLoadError
     from trtforge.models.loader import load_network
 
     out, cfg = build_engine(str(make_checkpoint(tmp_path / "ckpt", "llama")), tmp_path / "eng",
