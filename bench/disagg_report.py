@@ -45,7 +45,7 @@ def run_one(label: str, repo: Path, cfg: Any, engine_dir: Path, out: Path, log) 
     from trtforge.bench.serve import build_workload, run_benchmark
     from trtforge.bench.serve_report import machine
     from trtforge.model_repo.launcher import TritonServer
-    from trtforge.models.loader import load_tokenizer
+    from trtforge.models.tokenizer import load_tokenizer
 
     main, long, warm = build_workload(cfg, load_tokenizer(engine_dir))
     log(f"[{label}] starting server (load {machine()['loadavg_1_5_15']})")
@@ -172,7 +172,7 @@ def disaggregated(engine_dir: Path, out: Path, chunk: int, context_cpus: str, ge
     one engine, one workload, one run; prints the comparison, writes OUT/report.json and a plot."""
     from trtforge.bench.serve import ServeBenchConfig
     from trtforge.bench.serve_report import machine
-    from trtforge.model_repo.disaggregated import PhaseOptions
+    from trtforge.model_repo.disaggregated import DisaggregatedOptions, PhaseOptions
     from trtforge.model_repo.emit import emit_repo
 
     out.mkdir(parents=True, exist_ok=True)
@@ -185,9 +185,9 @@ def disaggregated(engine_dir: Path, out: Path, chunk: int, context_cpus: str, ge
     repos = {
         "colocated": emit_repo(engine_dir, out / "repo_colocated", prefill_chunk_size=chunk),
         "disaggregated": emit_repo(
-            engine_dir, out / "repo_disaggregated", disaggregated=True,
-            context=PhaseOptions(scheduler={"prefill_chunk_size": chunk}, cpus=context_cpus),
-            generation=PhaseOptions(cpus=generation_cpus)),
+            engine_dir, out / "repo_disaggregated", disaggregated=DisaggregatedOptions(
+                context=PhaseOptions(scheduler={"prefill_chunk_size": chunk}, cpus=context_cpus),
+                generation=PhaseOptions(cpus=generation_cpus))),
     }
     cfg = ServeBenchConfig(num_prompts=1000, input_len=o["short_input_len"], output_len=o["short_output_len"],
                            concurrency=o["short_concurrency"], long_num=o["long_num"],

@@ -303,7 +303,7 @@ def summarize(cfg: ServeBenchConfig, records: list[RequestRecord], duration: flo
 def serve(json_path: str | None, **options: Any) -> None:
     """Benchmark a running trtforge Triton server (model `ensemble`) over gRPC streaming: TTFT,
     TPOT, ITL, E2E latency at p50/p90/p99, throughput and goodput (as `vllm bench serve`)."""
-    from trtforge.models.loader import load_tokenizer  # transformers is slow to import
+    from trtforge.models.tokenizer import load_tokenizer  # transformers is slow to import
 
     cfg = dataclasses.replace(ServeBenchConfig(), **pick(ServeBenchConfig, options))
     cfg.validate()

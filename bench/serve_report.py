@@ -32,7 +32,7 @@ from trtforge.bench.serve_metrics import RequestRecord, compute_metrics, format_
 from trtforge.config.sampling import SamplingParams
 from trtforge.model_repo.emit import emit_repo
 from trtforge.model_repo.launcher import TritonServer
-from trtforge.models.loader import load_tokenizer
+from trtforge.models.tokenizer import load_tokenizer
 from trtforge.serving.engine import LLMEngine
 
 

@@ -48,3 +48,16 @@ def offline(checkpoint: str, engine_dir: str, json_path: str | None, plot_path: 
         plot_seed_experiment(report, plot_path)
         click.echo(f"plot: {plot_path}")
 
+
+def _add_serving_commands() -> None:
+    """The serving benchmarks' commands live beside their code (bench/serve.py, bench/disagg_report.py;
+    the soak's in cli/bench_soak.py); importing them loads no torch."""
+    from trtforge.bench.disagg_report import disaggregated
+    from trtforge.bench.serve import serve
+    from trtforge.cli.bench_soak import soak
+
+    for cmd in (serve, soak, disaggregated):
+        bench.add_command(cmd)
+
+
+_add_serving_commands()

@@ -15,7 +15,7 @@ from trtforge.config.fields import dataclass_options, pick
 from trtforge.models.errors import BuildError
 
 
-def _parse_schedule(items: tuple[str, ...]) -> dict[str, Any]:
+def parse_schedule(items: tuple[str, ...]) -> dict[str, Any]:
     out: dict[str, Any] = {}
     for item in items:
         key, sep, value = item.partition("=")
@@ -64,7 +64,7 @@ def build_engine(checkpoint: str, output: str, force: bool, triton_repo: str | N
         build.check_quantization_options()  # before a backend hook looks for TensorRT
         build.check_kv_cache_dtype()
         build.check_tp_options()
-        scheduling = _validated_schedule(_parse_schedule(schedule), build)
+        scheduling = _validated_schedule(parse_schedule(schedule), build)
         out, cfg = run_build(checkpoint, output, build, force=force, scheduling=scheduling,
                              progress=not quiet, on_tmp_dir=_backend_hook(build, checkpoint))
     except BuildError as exc:

@@ -18,12 +18,12 @@ from typing import Any
 
 import click
 
-from trtforge.cli.build import _parse_schedule, build_engine
+from trtforge.cli.build import build_engine, parse_schedule
 from trtforge.config.fields import dataclass_options, pick
-from trtforge.models.errors import BuildError
-
 from trtforge.config.sampling import SamplingParams
+from trtforge.models.errors import BuildError
 from trtforge.serving.core.scheduler import EngineOverloaded
+from trtforge.serving.outputs import FinishReason
 
 _LIST_FIELDS = tuple(f.name for f in dataclasses.fields(SamplingParams) if "list" in str(f.type))
 
@@ -103,12 +103,13 @@ def generate(engine_dir: str, prompts: tuple[str, ...], prompts_file: str | None
     try:
         base = SamplingParams(**pick(SamplingParams, sampling), stop=list(stop), bad_words=list(bad_words))
         runtime = RuntimeConfig(device=device, kv_cache_memory=kv_cache_memory, cuda_graphs=cuda_graphs)
-        engine = LLMEngine.from_engine_dir(engine_dir, runtime, **_parse_schedule(schedule))
+        engine = LLMEngine.from_engine_dir(engine_dir, runtime, **parse_schedule(schedule))
         params = [dataclasses.replace(base, max_tokens=int(it.get("max_tokens", base.max_tokens))) for it in items]
         outs = engine.generate([it.get("prompt", it.get("input_ids")) for it in items], params)
     except (BuildError, ValueError, EngineOverloaded) as exc:
         raise click.ClickException(str(exc)) from None
-    failed = [out.error for out in outs if out.finish_reason == "error"]  # a failed step, e.g. a tensor-parallel rank died
+    # a failed step, e.g. a tensor-parallel rank died
+    failed = [out.error for out in outs if out.finish_reason == FinishReason.ERROR]
     for i, out in enumerate(outs):
         if as_json:
             click.echo(json.dumps({"index": i, "output_ids": out.output_token_ids, "text": out.text,
@@ -135,17 +136,12 @@ def tp_worker(engine_dir: str, device: str) -> None:
 def _add_optional_commands() -> None:
     """Sub-commands living next to what they drive: ONNX/TensorRT (builder), benchmarks (here), and
     the Triton side (model_repo, a later stage: reached only from this entry point, lazily)."""
-    from trtforge.cli.onnx import export_onnx_cmd, verify_onnx_cmd
-    from trtforge.cli.triton import (bench_disagg_command, bench_serve_command, bench_soak_command,
-                                         client_command, emit_repo_command, serve_command)
-
     from trtforge.cli.bench import bench
+    from trtforge.cli.onnx import export_onnx_cmd, verify_onnx_cmd
+    from trtforge.cli.triton import client_command, emit_repo_command, serve_command
 
     for cmd in (emit_repo_command, serve_command, client_command, export_onnx_cmd, verify_onnx_cmd, bench):
         main.add_command(cmd)
-    bench.add_command(bench_serve_command)
-    bench.add_command(bench_soak_command)
-    bench.add_command(bench_disagg_command)
 
 
 _add_optional_commands()

@@ -15,11 +15,6 @@ from trtforge.model_repo.params import AdapterOptions
 from trtforge.model_repo.phases import CPU_THREADS, CPUS, PHASE_DOCS, ROUTER, scheduler_fields
 from trtforge.models.errors import EngineLoadError
 
-from trtforge.bench.serve import serve as bench_serve_command  # noqa: F401  (`trtforge bench serve`)
-from trtforge.cli.bench_soak import soak as bench_soak_command  # noqa: F401  (`trtforge bench soak`)
-from trtforge.bench.disagg_report import disaggregated as bench_disagg_command  # noqa: F401  (`trtforge bench disaggregated`)
-
-
 CONTEXT_RUNTIME_FIELDS = ("handoff_timeout_s", "kv_connector", "kv_advertise_host")
 """The RuntimeConfig fields only the context model takes (its KV handoff)."""
 
@@ -94,7 +89,8 @@ def emit_repo_command(engine_dir: str, repo_dir: str, device: str,
     With --disaggregated, the --context-… and --generation-… options go into context/ and
     generation/config.pbtxt instead.
     """
-    from trtforge.model_repo.emit import emit_repo  # noqa: PLC0415 - keeps `trtforge --help` fast
+    from trtforge.model_repo.disaggregated import DisaggregatedOptions  # keeps `trtforge --help` fast
+    from trtforge.model_repo.emit import emit_repo
 
     phase_opts = {k: v for k, v in options.items() if "__" in k}
     scheduler = {k: v for k, v in options.items() if "__" not in k and v is not None}
@@ -102,15 +98,13 @@ def emit_repo_command(engine_dir: str, repo_dir: str, device: str,
         phases = _phase_values(phase_opts, disaggregated)
         if (only or context_urls or generation_urls) and not disaggregated:
             raise ValueError("--only, --context-url and --generation-url need --disaggregated")
-        if disaggregated:
-            phases.update(only=only, context_urls=",".join(context_urls),
-                          generation_urls=",".join(generation_urls))
+        layout = DisaggregatedOptions(**phases, only=only, context_urls=",".join(context_urls),
+                                      generation_urls=",".join(generation_urls)) if disaggregated else False
         repo = emit_repo(engine_dir, repo_dir, device=device,
                          triton_max_batch_size=triton_max_batch_size,
                          exclude_input_in_output=exclude_input_in_output,
                          kv_cache_memory=kv_cache_memory,
-                         trtllm_models_dir=trtllm_models_dir, disaggregated=disaggregated,
-                         **phases, **scheduler)
+                         trtllm_models_dir=trtllm_models_dir, disaggregated=layout, **scheduler)
     except (ValueError, FileNotFoundError, EngineLoadError) as exc:
         raise click.ClickException(str(exc)) from None
     written = {Phase.CONTEXT: "`context`", Phase.GENERATION: "`generation`", ROUTER: "`ensemble` (router)"}
@@ -129,7 +123,7 @@ def _phase_values(options: dict[str, object], disaggregated: bool) -> dict[str, 
             flags = ", ".join("--" + k.replace("__", "-").replace("_", "-") for k in given)
             raise ValueError(f"{flags}: phase options need --disaggregated")
         return {}
-    from trtforge.model_repo.disaggregated import PhaseOptions  # noqa: PLC0415
+    from trtforge.model_repo.disaggregated import PhaseOptions
 
     out = {}
     for phase in (Phase.CONTEXT, Phase.GENERATION):
@@ -178,8 +172,8 @@ def serve_command(repo: str, http_port: int, grpc_port: int, metrics_port: int,
     """Run Triton Inference Server on REPO in the foreground; Ctrl-C / SIGTERM stops it.
 
     With --openai-port, an OpenAI-compatible API runs beside it, forwarding to Triton."""
-    from trtforge.model_repo.launcher import TritonServer  # noqa: PLC0415
-    from trtforge.frontend.service import OpenAIFrontend  # noqa: PLC0415
+    from trtforge.frontend.service import OpenAIFrontend
+    from trtforge.model_repo.launcher import TritonServer
 
     server = TritonServer(Path(repo), http_port=http_port, grpc_port=grpc_port,
                           metrics_port=metrics_port, tritonserver=tritonserver,
@@ -232,9 +226,9 @@ def client_command(url: str | None, protocol: str, prompt: str, max_tokens: int,
                    temperature: float | None, top_k: int | None, top_p: float | None,
                    seed: int | None, stop_words: tuple[str, ...], model: str) -> None:
     """Send one prompt to a trtforge (or TensorRT-LLM) Triton server and print the answer."""
-    from tritonclient.utils import InferenceServerException  # noqa: PLC0415
+    from tritonclient.utils import InferenceServerException
 
-    from trtforge.model_repo import client  # noqa: PLC0415
+    from trtforge.model_repo import client
 
     url = url or ("localhost:8001" if protocol == "grpc" else "localhost:8000")
     options = dict(temperature=temperature, top_k=top_k, top_p=top_p, seed=seed,

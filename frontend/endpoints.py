@@ -17,8 +17,16 @@ from fastapi import Request, Response
 
 from trtforge.frontend.errors import APIError, model_not_found
 from trtforge.frontend.generation import Tally, chat_logprobs, completion_logprobs, ensemble_inputs
-from trtforge.frontend.responses import (ChatChoice, ChatChunkChoice, ChatCompletion, ChatCompletionChunk,
-                        ChatDelta, ChatResponseMessage, Completion, CompletionChoice)
+from trtforge.frontend.responses import (
+    ChatChoice,
+    ChatChunkChoice,
+    ChatCompletion,
+    ChatCompletionChunk,
+    ChatDelta,
+    ChatResponseMessage,
+    Completion,
+    CompletionChoice,
+)
 from trtforge.frontend.schemas import ChatCompletionRequest, CompletionRequest, SamplingFields
 from trtforge.frontend.served_model import ServedModel
 from trtforge.frontend.streaming import DONE, ClientGone, SSEResponse, sse, sse_error, unless_disconnected

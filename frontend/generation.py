@@ -19,12 +19,11 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from trtforge.model_repo.client import request_arrays
-from trtforge.frontend.responses import (ChatLogprob, ChatLogprobs, CompletionLogprobs, FinishReason,
-                                        Usage)
+from trtforge.frontend.responses import ChatLogprob, ChatLogprobs, CompletionLogprobs, FinishReason, Usage
 from trtforge.frontend.schemas import SamplingFields
 from trtforge.frontend.served_model import ServedModel
 from trtforge.frontend.triton_bridge import Piece
+from trtforge.model_repo.client import request_arrays
 
 OPENAI_TEMPERATURE = 1.0
 """OpenAI's default temperature (the ensemble's own default is 0, greedy)."""

@@ -31,7 +31,7 @@ class ServedModel:
     """The model id of the API (GET /v1/models)."""
     engine_dir: Path
     tokenizer: Any
-    """The engine's tokenizer, as the engine loads it (models/loader.load_tokenizer)."""
+    """The engine's tokenizer, as the engine loads it (models/tokenizer.load_tokenizer)."""
     max_seq_len: int
     """Prompt + output tokens the engine allows per request."""
     triton_model: str = ENSEMBLE
@@ -78,7 +78,7 @@ def engine_dir_of(repo: str | os.PathLike) -> Path:
 
 def load_served_model(repo: str | os.PathLike, name: str | None = None) -> ServedModel:
     """Read the repository and its engine's tokenizer; FileNotFoundError/ValueError say why not."""
-    from trtforge.models.loader import load_tokenizer  # noqa: PLC0415 - heavy; only when serving
+    from trtforge.models.tokenizer import load_tokenizer  # heavy; only when serving
 
     engine_dir = engine_dir_of(repo)
     try:  # metadata only: the engine model checks the files when it loads them

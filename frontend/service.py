@@ -2,8 +2,8 @@
 
 from __future__ import annotations
 
-from trtforge.model_repo.launcher import free_port
 from trtforge.frontend.served_model import ServedModel, load_served_model
+from trtforge.model_repo.launcher import free_port
 
 
 class OpenAIFrontend:
@@ -23,7 +23,7 @@ class OpenAIFrontend:
         """Start serving; returns the line to print (None when off)."""
         if self.served is None:
             return None
-        from trtforge.frontend.server import OpenAIServer, create_app  # noqa: PLC0415 - fastapi only when used
+        from trtforge.frontend.server import OpenAIServer, create_app  # fastapi only when used
 
         port = self.port or free_port()
         self.server = OpenAIServer(create_app(self.served, triton_grpc_url), self.host,

@@ -26,8 +26,8 @@ import numpy as np
 from tritonclient.grpc import InferResult, service_pb2, service_pb2_grpc
 from tritonclient.utils import np_to_triton_dtype, serialize_byte_tensor
 
-from trtforge.model_repo.interface import ENSEMBLE
 from trtforge.frontend.errors import APIError, bad_request, server_error, unavailable
+from trtforge.model_repo.interface import ENSEMBLE
 
 _MAX_MESSAGE = (1 << 31) - 1  # as tritonclient: prompts and answers are not size-limited here
 _READY_TIMEOUT_S = 3.0

@@ -51,7 +51,7 @@ def infer_inputs(arrays: dict[str, np.ndarray]) -> list[Any]:
     """tritonclient gRPC InferInputs of input arrays (with their batch dimension), typed from the
     interface table (the ensemble's inputs and the phase models' request_type and
     context_phase_params)."""
-    import tritonclient.grpc as grpcclient  # noqa: PLC0415 - optional dependency
+    import tritonclient.grpc as grpcclient  # optional dependency
 
     inputs = []
     for name, arr in arrays.items():
@@ -72,7 +72,7 @@ def stream_grpc(url: str, prompt: str, max_tokens: int, model: str = ENSEMBLE,
     Closing the generator early (e.g. `break`) cancels the request on the server, which aborts
     it and frees its KV blocks. Raises RuntimeError with the server's message on an error.
     """
-    import tritonclient.grpc as grpcclient  # noqa: PLC0415 - optional dependency
+    import tritonclient.grpc as grpcclient  # optional dependency
 
     options.setdefault("stream", True)
     inputs = grpc_inputs(prompt, max_tokens, **options)
@@ -109,7 +109,7 @@ def _post(url: str, body: dict, wait_s: float) -> Any:
     request = urllib.request.Request(url, data=json.dumps(body).encode(),
                                      headers={"Content-Type": "application/json"})
     try:
-        return urllib.request.urlopen(request, timeout=wait_s)  # noqa: S310 - user's URL
+        return urllib.request.urlopen(request, timeout=wait_s)  # user's URL
     except urllib.error.HTTPError as exc:
         detail = exc.read().decode(errors="replace")
         raise RuntimeError(f"server answered HTTP {exc.code}: {detail}") from None

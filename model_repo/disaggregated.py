@@ -21,14 +21,32 @@ from typing import Any
 
 from trtforge.config.runtime import Phase
 from trtforge.model_repo.interface import ENSEMBLE, PHASE_INPUTS, PHASE_OUTPUTS
-from trtforge.model_repo.params import (EXCLUDE_INPUT_DEFAULT, AdapterOptions, parameter_docs,
-                                        runtime_parameters, scheduler_parameters, to_parameter)
-from trtforge.model_repo.pbtxt import (config_text, model_inputs, model_outputs, python_model_config,
-                                       write_model)
-from trtforge.model_repo.phases import (CONTEXT_MODEL, CONTEXT_URLS, CPU_THREADS, CPUS,
-                                        GENERATION_MODEL, GENERATION_URLS, HANDOFF_TIMEOUT,
-                                        KV_CONNECTOR, PHASE_DOCS, ROLE, ROUTER, ROUTER_ROLE,
-                                        parse_cpus, refuse_other_phase, scheduler_fields)
+from trtforge.model_repo.params import (
+    EXCLUDE_INPUT_DEFAULT,
+    AdapterOptions,
+    parameter_docs,
+    runtime_parameters,
+    scheduler_parameters,
+    to_parameter,
+)
+from trtforge.model_repo.pbtxt import config_text, model_inputs, model_outputs, python_model_config, write_model
+from trtforge.model_repo.phases import (
+    CONTEXT_MODEL,
+    CONTEXT_URLS,
+    CPU_THREADS,
+    CPUS,
+    GENERATION_MODEL,
+    GENERATION_URLS,
+    HANDOFF_TIMEOUT,
+    KV_CONNECTOR,
+    PHASE_DOCS,
+    ROLE,
+    ROUTER,
+    ROUTER_ROLE,
+    parse_cpus,
+    refuse_other_phase,
+    scheduler_fields,
+)
 from trtforge.model_repo.python_models import ENGINE_PY, ROUTER_PY
 from trtforge.models.engine_dir import EngineConfig
 
@@ -52,12 +70,28 @@ class PhaseOptions:
     """Context only: where generation servers reach the tcp connector."""
 
 
-def emit_disaggregated(engine: EngineConfig, repo: Path, adapter: AdapterOptions, *, device: str,
-                       triton_max_batch_size: int, context: PhaseOptions,
-                       generation: PhaseOptions, only: str | None = None,
-                       context_urls: str = "", generation_urls: str = "") -> Path:
-    """only: write just one of the three models (context | generation | router), for servers on
-    different hosts; the router then reaches the others at context_urls / generation_urls."""
+@dataclass
+class DisaggregatedOptions:
+    """What `emit-repo --disaggregated` writes: the two phase models' options and, for servers
+    on different hosts, which of the three models this repository holds."""
+
+    context: PhaseOptions = field(default_factory=PhaseOptions)
+    generation: PhaseOptions = field(default_factory=PhaseOptions)
+    only: str | None = None
+    """Write just one of the three models (context | generation | router); the router then reaches
+    the others at context_urls / generation_urls."""
+    context_urls: str = ""
+    """Router on its own server: gRPC addresses of context servers, comma-separated."""
+    generation_urls: str = ""
+    """Router on its own server: gRPC addresses of generation servers, comma-separated."""
+
+
+def emit_disaggregated(engine: EngineConfig, repo: Path, adapter: AdapterOptions, options: DisaggregatedOptions,
+                       *, device: str, triton_max_batch_size: int) -> Path:
+    """The `context`, `generation` and router `ensemble` models of `engine` (or just
+    `options.only`) in `repo`."""
+    context, generation, only = options.context, options.generation, options.only
+    context_urls, generation_urls = options.context_urls, options.generation_urls
     if only not in (None, Phase.CONTEXT, Phase.GENERATION, ROUTER):
         raise ValueError(f"only={only!r} is invalid: must be context, generation or router")
     if (context_urls or generation_urls) and only != ROUTER:

@@ -26,10 +26,9 @@ from pathlib import Path
 from typing import Any
 
 from trtforge.config.runtime import RuntimeConfig
-from trtforge.model_repo.disaggregated import PhaseOptions, emit_disaggregated
+from trtforge.model_repo.disaggregated import DisaggregatedOptions, emit_disaggregated
 from trtforge.model_repo.interface import ENSEMBLE
-from trtforge.model_repo.params import (AdapterOptions, parameter_docs, runtime_parameters,
-                                        scheduler_parameters)
+from trtforge.model_repo.params import AdapterOptions, parameter_docs, runtime_parameters, scheduler_parameters
 from trtforge.model_repo.pbtxt import config_text, python_model_config, write_model
 from trtforge.model_repo.python_models import ENGINE_PY
 from trtforge.model_repo.trtllm.emit import emit_trtllm_repo
@@ -60,10 +59,8 @@ def emit_repo(engine_dir: str | os.PathLike, repo_dir: str | os.PathLike, *,
               exclude_input_in_output: bool = AdapterOptions.exclude_input_in_output,
               drain_timeout_s: float = AdapterOptions.finalize_drain_timeout_s,
               kv_cache_memory: str | None = None,
-              trtllm_models_dir: str | os.PathLike | None = None, disaggregated: bool = False,
-              context: PhaseOptions | None = None, generation: PhaseOptions | None = None,
-              only: str | None = None, context_urls: str = "", generation_urls: str = "",
-              **scheduler_overrides: Any) -> Path:
+              trtllm_models_dir: str | os.PathLike | None = None,
+              disaggregated: bool | DisaggregatedOptions = False, **scheduler_overrides: Any) -> Path:
     """Write (or replace) the `ensemble` model of `repo_dir` for `engine_dir`.
 
     `scheduler_overrides` are SchedulerConfig fields (e.g. `max_batch_size=8`); they are validated
@@ -71,7 +68,7 @@ def emit_repo(engine_dir: str | os.PathLike, repo_dir: str | os.PathLike, *,
     already in `repo_dir` are left alone. Returns the repository path.
 
     disaggregated: write `context` and `generation` models and a router `ensemble` instead
-    (model_repo/disaggregated.py); `context` / `generation` are their PhaseOptions.
+    (model_repo/disaggregated.py), with their DisaggregatedOptions (True: the defaults).
     """
     engine_dir = Path(engine_dir).resolve()
     engine = read_engine(engine_dir)
@@ -94,11 +91,9 @@ def emit_repo(engine_dir: str | os.PathLike, repo_dir: str | os.PathLike, *,
                              "phase's own: use --context-… / --generation-… options (e.g. "
                              "--context-prefill-chunk-size, --generation-max-batch-size, "
                              "--context-kv-cache-memory)")
-        return emit_disaggregated(engine, Path(repo_dir), adapter, device=device,
-                                  triton_max_batch_size=triton_max_batch_size,
-                                  context=context or PhaseOptions(),
-                                  generation=generation or PhaseOptions(), only=only,
-                                  context_urls=context_urls, generation_urls=generation_urls)
+        options = disaggregated if isinstance(disaggregated, DisaggregatedOptions) else DisaggregatedOptions()
+        return emit_disaggregated(engine, Path(repo_dir), adapter, options, device=device,
+                                  triton_max_batch_size=triton_max_batch_size)
     parameters = {
         **adapter.parameters(),
         **runtime_parameters(device=device, kv_cache_memory=kv_cache_memory),

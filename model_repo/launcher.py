@@ -65,7 +65,7 @@ def find_tritonserver(explicit: str | os.PathLike | None = None) -> TritonInstal
             "tritonserver executable (e.g. /opt/tritonserver/bin/tritonserver)."
         )
     try:
-        import pytriton  # noqa: PLC0415 - optional dependency, only needed to serve
+        import pytriton  # optional dependency, only needed to serve
     except ImportError as exc:
         raise FileNotFoundError(
             f"No tritonserver found: {NGC_TRITONSERVER} does not exist and the nvidia-pytriton "
@@ -189,7 +189,7 @@ class TritonServer:
                 "with `trtforge emit-repo ENGINE_DIR REPO_DIR`."
             )
         install = find_tritonserver(self.tritonserver)
-        from trtforge.model_repo.trtllm.serve_check import check_trtllm_repo  # noqa: PLC0415
+        from trtforge.model_repo.trtllm.serve_check import check_trtllm_repo
 
         check_trtllm_repo(Path(self.repo), install.backend_dir)  # TensorRT-LLM models need their backend
         self._tmp = tempfile.TemporaryDirectory(prefix="trtforge-backends-")
@@ -197,7 +197,7 @@ class TritonServer:
         for name in ("http_port", "grpc_port", "metrics_port"):
             if not getattr(self, name):
                 setattr(self, name, free_port())
-        out = open(self.log_file, "ab") if self.log_file else None  # noqa: SIM115 - lives with the process
+        out = open(self.log_file, "ab") if self.log_file else None  # lives with the process
         env = server_env(install)
         # The router of a disaggregated repository reaches this server's own phase models by gRPC.
         env["TRTFORGE_TRITON_GRPC_URL"] = f"127.0.0.1:{self.grpc_port}"

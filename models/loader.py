@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Any
 
 import torch
 
@@ -47,18 +46,3 @@ def load_network(directory: str | Path, cfg: EngineConfig, device: str | torch.d
 def _network(cfg: EngineConfig, layers: Layers, rank: int = 0) -> CausalLM:
     shard = shard_of(cfg.model, cfg.tp_size, rank) if cfg.tp_size > 1 else None
     return CausalLM(cfg.model, shard, layers)  # quantized engines: QuantLinears from `layers`
-
-
-def load_tokenizer(directory: str | Path) -> Any:
-    """The tokenizer of an engine (or checkpoint) directory; the one way trtforge loads one. A
-    plain `tokenizers` tokenizer (PlainTokenizer) when the files allow, without importing
-    transformers; else transformers' AutoTokenizer."""
-    from trtforge.models.plain_tokenizer import PlainTokenizer
-
-    plain = PlainTokenizer.load(directory)  # no transformers import for plain `tokenizers` checkpoints
-    if plain is not None:
-        return plain
-    from transformers import AutoTokenizer
-
-    return AutoTokenizer.from_pretrained(str(directory))
-

@@ -8,7 +8,7 @@ runtime network holds its kernels from construction on and nothing is swapped af
 most specific first (ANY matches everything):
 
     op                 device  dtype    ISA                        choice
-    linear             cpu     float32  avx512 | avx2 | portable   "cpu": C GEMV to 32 rows, oneDNN beyond (cpu/linear.py)
+    linear             cpu     float32  avx512 | avx2 | portable   "cpu": C GEMV to 32 rows, then oneDNN (cpu/linear.py)
                        any     any      any                        "torch": F.linear
     quant_linear       cpu     float32  avx512 | avx2 | portable   "cpu": the C kernels of cpu/quant_linear.c
                        any     any      any                        "torch": dequantise, then F.linear

@@ -32,7 +32,7 @@ from trtforge.config.sampling import SamplingParams
 from trtforge.config.scheduler import SchedulerConfig
 from trtforge.models.engine_dir import EngineConfig, read_engine_config
 from trtforge.models.kv_sizing import kv_num_blocks
-from trtforge.models.loader import load_tokenizer
+from trtforge.models.tokenizer import load_tokenizer
 from trtforge.serving.core.scheduler import EngineOverloaded, Scheduler, SchedulerOutput
 from trtforge.serving.core.sequence import Sequence, SequenceStatus
 from trtforge.serving.detokenizer import IncrementalDetokenizer
@@ -306,7 +306,7 @@ class LLMEngine:
             m.first_scheduled_time = m.first_scheduled_time or now
         try:
             sampled, logprobs = self._execute(sched)
-        except Exception as exc:  # a failing batch fails its requests, never the engine
+        except Exception as exc:  # noqa: BLE001 - a failing batch fails its requests, never the engine
             for chunk in sched.chunks:
                 if chunk.seq_id in self._requests:
                     self.abort(chunk.seq_id, FinishReason.ERROR, f"{type(exc).__name__}: {exc}")

@@ -21,7 +21,7 @@ import queue
 import threading
 import time
 from dataclasses import dataclass
-from typing import Any, Callable, Mapping
+from typing import Any, Callable, Iterable, Mapping
 
 import numpy as np
 
@@ -142,6 +142,23 @@ class DecoupledModel:
         self._sender_thread.start()
 
     # -- admission -----------------------------------------------------------------------------
+    def intake(self, requests: list[Any], input_names: Iterable[str], parse: Callable[[dict], Any],
+               accept: Callable[[Any, Any, dict], None]) -> None:
+        """execute()'s loop: for each request, its inputs (copies) are `parse`d — a ValueError,
+        TypeError or OverflowError answers that request INVALID_ARG — and, unless the model is
+        unloading, `accept(sender, parsed, arrays)` takes it, holding `_lock`."""
+        for request in requests:
+            sender = request.get_response_sender()
+            arrays = input_arrays(request, input_names)
+            try:
+                parsed = parse(arrays)
+            except (ValueError, TypeError, OverflowError) as exc:
+                self.send_error(sender, f"bad request: {exc}", "INVALID_ARG")
+                continue
+            with self._lock:
+                if not self.refuse_if_unloading(sender):
+                    accept(sender, parsed, arrays)
+
     def refuse_if_unloading(self, sender: Any) -> bool:
         """(Holding `_lock`.) True, the client answered UNAVAILABLE, once finalize() has begun."""
         if self._accepting:

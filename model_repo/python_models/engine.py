@@ -44,12 +44,23 @@ import triton_python_backend_utils as pb_utils
 
 from trtforge.config.runtime import Phase
 from trtforge.model_repo.metrics import EngineMetrics
-from trtforge.model_repo.params import (ENGINE_DIR, AdapterOptions, runtime_config,
-                                        scheduler_values)
-from trtforge.model_repo.phases import (CONTEXT_PHASE_PARAMS, CPU_THREADS, CPUS, REQUEST_TYPE,
-                                        RequestType, parse_cpus, refuse_other_phase)
-from trtforge.model_repo.python_models.base import (PHASE_MODEL_INPUTS, Answer, DecoupledModel,
-                                                    input_arrays, model_parameters, text_of)
+from trtforge.model_repo.params import ENGINE_DIR, AdapterOptions, runtime_config, scheduler_values
+from trtforge.model_repo.phases import (
+    CONTEXT_PHASE_PARAMS,
+    CPU_THREADS,
+    CPUS,
+    REQUEST_TYPE,
+    RequestType,
+    parse_cpus,
+    refuse_other_phase,
+)
+from trtforge.model_repo.python_models.base import (
+    PHASE_MODEL_INPUTS,
+    Answer,
+    DecoupledModel,
+    model_parameters,
+    text_of,
+)
 from trtforge.model_repo.request import GenerationRequest, parse_request
 from trtforge.serving.core.scheduler import EngineOverloaded
 from trtforge.serving.outputs import FinishReason
@@ -77,7 +88,7 @@ class TritonPythonModel(DecoupledModel):
         self.phase = runtime.phase
         refuse_other_phase(self.phase, [k for k, v in parameters.items() if v != ""])
         _place_on_cpus(parameters.get(CPUS, ""), parameters.get(CPU_THREADS, ""))
-        from trtforge.serving.engine import LLMEngine  # noqa: PLC0415 - heavy, load-time only
+        from trtforge.serving.engine import LLMEngine  # heavy, load-time only
 
         if not options.engine_dir:
             raise ValueError(f"parameter {ENGINE_DIR!r} is missing from config.pbtxt; re-emit "
@@ -106,21 +117,14 @@ class TritonPythonModel(DecoupledModel):
 
     # -- Triton entry points -------------------------------------------------------------------
     def execute(self, requests: list[Any]) -> None:
-        for request in requests:
-            sender = request.get_response_sender()
-            arrays = input_arrays(request, PHASE_MODEL_INPUTS)
-            try:
-                parsed = parse_request(arrays, self.exclude_input_default)
-                phase_input = self._phase_input(arrays)
-            except (ValueError, TypeError, OverflowError) as exc:
-                self.send_error(sender, f"bad request: {exc}", "INVALID_ARG")
-                continue
-            with self._lock:
-                if self.refuse_if_unloading(sender):
-                    continue
-                # Arrival is now: a deadline (timeout_s) counts the wait for the engine thread too.
-                self._inbox.put(((parsed, phase_input), sender, time.monotonic()))
-        return None
+        self.intake(requests, PHASE_MODEL_INPUTS, self._parse, self._accept)
+
+    def _parse(self, arrays: dict[str, np.ndarray]) -> tuple[Any, Any]:
+        return parse_request(arrays, self.exclude_input_default), self._phase_input(arrays)
+
+    def _accept(self, sender: Any, parsed: tuple[Any, Any], arrays: dict[str, np.ndarray]) -> None:
+        # Arrival is now: a deadline (timeout_s) counts the wait for the engine thread too.
+        self._inbox.put((parsed, sender, time.monotonic()))
 
     def _phase_input(self, arrays: dict[str, np.ndarray]) -> Any:
         """Check request_type; the generation phase's KVHandle (from context_phase_params)."""
@@ -137,7 +141,7 @@ class TritonPythonModel(DecoupledModel):
         if params is None:
             raise ValueError(f"a {RequestType.GENERATION_ONLY} request needs {CONTEXT_PHASE_PARAMS} "
                              "(from the context model's response)")
-        from trtforge.serving.kv_connector import HandoffError, KVHandle  # noqa: PLC0415
+        from trtforge.serving.kv_connector import HandoffError, KVHandle
 
         try:
             return KVHandle.from_json(text_of(params))
@@ -292,6 +296,6 @@ def _place_on_cpus(cpus: str, threads: str) -> None:
         os.sched_setaffinity(0, cores)
     n = int(threads) if threads else len(cores)
     if n:
-        import torch  # noqa: PLC0415
+        import torch
 
         torch.set_num_threads(n)

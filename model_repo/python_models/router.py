@@ -46,10 +46,21 @@ import triton_python_backend_utils as pb_utils
 from trtforge.config.runtime import Phase
 from trtforge.model_repo.interface import OUTPUTS
 from trtforge.model_repo.params import AdapterOptions
-from trtforge.model_repo.phases import (CONTEXT_MODEL, CONTEXT_PHASE_PARAMS, CONTEXT_URLS,
-                                        GENERATION_MODEL, GENERATION_URLS, REQUEST_TYPE, RequestType)
-from trtforge.model_repo.python_models.base import (INTERFACE_INPUTS, Answer, DecoupledModel,
-                                                    input_arrays, model_parameters)
+from trtforge.model_repo.phases import (
+    CONTEXT_MODEL,
+    CONTEXT_PHASE_PARAMS,
+    CONTEXT_URLS,
+    GENERATION_MODEL,
+    GENERATION_URLS,
+    REQUEST_TYPE,
+    RequestType,
+)
+from trtforge.model_repo.python_models.base import (
+    INTERFACE_INPUTS,
+    Answer,
+    DecoupledModel,
+    model_parameters,
+)
 from trtforge.model_repo.request import GenerationRequest, parse_request
 
 _OUTPUT_NAMES = [s.name for s in OUTPUTS] + [CONTEXT_PHASE_PARAMS]
@@ -97,22 +108,15 @@ class TritonPythonModel(DecoupledModel):
         self._canceller.start()
 
     def execute(self, requests: list[Any]) -> None:
-        for request in requests:
-            sender = request.get_response_sender()
-            inputs = input_arrays(request, INTERFACE_INPUTS)  # read by the route thread
-            try:
-                parsed = parse_request(inputs, self.exclude_input_default)
-            except (ValueError, TypeError, OverflowError) as exc:
-                self.send_error(sender, f"bad request: {exc}", "INVALID_ARG")
-                continue
-            with self._lock:
-                if self.refuse_if_unloading(sender):
-                    continue
-                key = uuid.uuid4().hex
-                self._flights[key] = _Flight(sender)
-            threading.Thread(target=self._route, args=(key, parsed, inputs), daemon=True,
-                             name=f"trtforge-route-{key[:8]}").start()
-        return None
+        self.intake(requests, INTERFACE_INPUTS, lambda arrays: parse_request(arrays, self.exclude_input_default),
+                    self._accept)
+
+    def _accept(self, sender: Any, parsed: Any, inputs: dict[str, np.ndarray]) -> None:
+        """A route thread per request; `inputs` (copies) are read by it."""
+        key = uuid.uuid4().hex
+        self._flights[key] = _Flight(sender)
+        threading.Thread(target=self._route, args=(key, parsed, inputs), daemon=True,
+                         name=f"trtforge-route-{key[:8]}").start()
 
     def finalize(self) -> None:
         self.drain(_DRAIN_TIMEOUT_S, lambda: bool(self._flights))
@@ -167,9 +171,9 @@ class TritonPythonModel(DecoupledModel):
     def _stream(self, flight: _Flight, phase: Phase, arrays: dict[str, np.ndarray],
                 key: str) -> Iterator[Answer]:
         """One phase: a gRPC stream to the least-loaded server of that phase; its answers."""
-        import tritonclient.grpc as grpcclient  # noqa: PLC0415
+        import tritonclient.grpc as grpcclient
 
-        from trtforge.model_repo.client import infer_inputs  # noqa: PLC0415
+        from trtforge.model_repo.client import infer_inputs
 
         with self._lock:
             url = min(self.urls[phase], key=lambda u: self._load[u])

@@ -14,6 +14,7 @@ from trtforge.model_repo.trtllm import upstream as U
 from trtforge.model_repo.trtllm.templates import Tensor
 from trtforge.model_repo.trtllm.values import TrtllmRepoOptions
 
+
 def _input(t: Tensor) -> mc.ModelInput:
     io = mc.ModelInput(name=t.name, data_type=mc.DataType.Value(t.data_type), dims=list(t.dims),
                        optional=t.optional, allow_ragged_batch=t.ragged)

@@ -34,8 +34,12 @@ from trtforge.model_repo.trtllm import configs as C
 from trtforge.model_repo.trtllm.files import model_files, stale_models
 from trtforge.model_repo.trtllm.mapping import not_carried_over
 from trtforge.model_repo.trtllm.templates import differences, facts_of, read_template
-from trtforge.model_repo.trtllm.values import (PhaseModel, TrtllmRepoOptions, python_model_parameters,
-                                               tensorrt_llm_parameters)
+from trtforge.model_repo.trtllm.values import (
+    PhaseModel,
+    TrtllmRepoOptions,
+    python_model_parameters,
+    tensorrt_llm_parameters,
+)
 from trtforge.models.engine_dir import EngineConfig
 
 log = logging.getLogger(__name__)

@@ -19,7 +19,6 @@ from functools import lru_cache
 from pathlib import Path
 
 from trtforge.builder.trtllm.versions import TARGET
-
 from trtforge.model_repo.trtllm.templates import Tensor
 
 FACTS_FILE = Path(__file__).with_name(f"upstream_{TARGET.backend_release}.json")

@@ -30,8 +30,15 @@ from onnx.defs import OpSchema
 
 import trtforge.plugins.paged_attention  # noqa: F401  (registers torch.ops.trtforge.paged_attention)
 from trtforge.plugins.paged_attention import reference
-from trtforge.plugins.paged_attention.names import (DOMAIN, DOMAIN_VERSION, INPUT_NAMES, OP_TYPE, OUTPUT_NAMES,
-                                                  PLUGIN_NAMESPACE, PLUGIN_VERSION)
+from trtforge.plugins.paged_attention.names import (
+    DOMAIN,
+    DOMAIN_VERSION,
+    INPUT_NAMES,
+    OP_TYPE,
+    OUTPUT_NAMES,
+    PLUGIN_NAMESPACE,
+    PLUGIN_VERSION,
+)
 
 FLOAT_TYPES = ["tensor(float)", "tensor(float16)", "tensor(bfloat16)"]
 

@@ -13,7 +13,6 @@ from __future__ import annotations
 
 import torch
 
-
 KV_QMAX = 127
 """int8 KV: symmetric, values in [-127, 127]."""
 

@@ -36,7 +36,9 @@ import tensorrt as trt
 import tensorrt.plugin as trtp
 import torch
 
-from trtforge.plugins.paged_attention.names import QUALIFIED_NAME as PLUGIN_ID  # namespace::name, as the registry knows it
+from trtforge.plugins.paged_attention.names import (
+    QUALIFIED_NAME as PLUGIN_ID,  # namespace::name, as the registry knows it
+)
 from trtforge.plugins.paged_attention.triton_kernels import paged_attention_triton
 
 _TORCH_DTYPES = {trt.float32: torch.float32, trt.float16: torch.float16,

@@ -38,7 +38,6 @@ tests); `TRITON_INTERPRET` is read when `@triton.jit` decorates, hence the env v
 from __future__ import annotations
 
 import functools
-import math
 import os
 
 import torch
@@ -46,8 +45,8 @@ import torch
 if not torch.cuda.is_available():
     os.environ.setdefault("TRITON_INTERPRET", "1")
 
-import triton  # noqa: E402  (must follow the TRITON_INTERPRET default above)
-import triton.language as tl  # noqa: E402
+import triton  # after the TRITON_INTERPRET default above
+import triton.language as tl
 
 _LOG2E = 1.4426950408889634
 _MAX_SPLITS = 64
@@ -202,10 +201,10 @@ def _combine_splits_kernel(part_acc_ptr, part_m_ptr, part_l_ptr, out_ptr, stride
     h = tl.program_id(1)
     part = (t * tl.num_programs(1) + h) * NUM_SPLITS + tl.arange(0, NUM_SPLITS)
     m = tl.load(part_m_ptr + part)
-    l = tl.load(part_l_ptr + part)
+    lsum = tl.load(part_l_ptr + part)
     m_max = tl.reduce(m, 0, _MAX)
     weight = tl.math.exp2(m - tl.where(m_max == float("-inf"), 0.0, m_max))  # 0 for empty splits
-    denom = tl.reduce(weight * l, 0, _SUM)
+    denom = tl.reduce(weight * lsum, 0, _SUM)
     d = tl.arange(0, HEAD_DIM_P)
     acc = tl.load(part_acc_ptr + part[:, None] * HEAD_DIM_P + d[None, :])  # [NUM_SPLITS, D_P]
     out = tl.reduce(acc * weight[:, None], 0, _SUM) / tl.where(denom == 0.0, 1.0, denom)

@@ -68,16 +68,16 @@ class KVConnector(abc.ABC):
         raise NotImplementedError(f"a {self.role} connector exports no KV")
 
     # ---- (c) a request ended (finished, aborted, failed, refused at admission) ----------------
-    def request_finished(self, handle: KVHandle | None) -> None:
+    def request_finished(self, handle: KVHandle | None) -> None:  # noqa: B027 - an optional hook: by default there is nothing to do
         """Release what the connector holds for the request; `handle`: the handoff it was
         admitted with and has not imported (generation side), else None."""
 
     # ---- housekeeping ----------------------------------------------------------------------
-    def poll(self) -> None:
+    def poll(self) -> None:  # noqa: B027 - an optional hook: by default there is nothing to do
         """Between steps: finish what completed since the last call (frees taken or expired
         handoffs on the context side)."""
 
-    def close(self) -> None:
+    def close(self) -> None:  # noqa: B027 - an optional hook: by default there is nothing to do
         """Release what outlives the process otherwise (the context side's staging area)."""
 
     @abc.abstractmethod

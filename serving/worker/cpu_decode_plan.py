@@ -215,13 +215,17 @@ class CpuDecodePlan:
             if down[0](*down[1:], threads):
                 _failed("down")
         final[0](*final[1:])
-        head = net.head
+        return self._logits(buf["h"].data_ptr(), t, threads)
+
+    def _logits(self, hidden: int, t: int, threads: int) -> torch.Tensor:
+        """The LM head over the final hidden states at address `hidden` ([t, hidden_size] float32)."""
+        head = self.network.head
         logits = torch.empty(t, head.out_features)
         if isinstance(head, QuantLinear):
-            call = _quant_gemv(head, buf["h"].data_ptr(), t, logits.data_ptr())
+            call = _quant_gemv(head, hidden, t, logits.data_ptr())
             if call[0](*call[1:], threads):
                 _failed("LM head")
         else:
-            self.linear.trtforge_gemv(buf["h"].data_ptr(), t, head.weight.data_ptr(), None, logits.data_ptr(),
+            self.linear.trtforge_gemv(hidden, t, head.weight.data_ptr(), None, logits.data_ptr(),
                                       head.out_features, head.in_features, threads)
         return logits

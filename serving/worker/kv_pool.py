@@ -16,8 +16,8 @@ pool is zero without anyone writing it, and only touched pages are ever allocate
 
 from __future__ import annotations
 
-import mmap
 import math
+import mmap
 
 import torch
 

@@ -13,7 +13,6 @@ from dataclasses import dataclass
 import torch
 
 from trtforge.plugins.paged_attention.metadata import AttentionMetadata
-
 from trtforge.serving.core.scheduler import SchedulerOutput
 from trtforge.serving.core.sequence import SeqId
 

@@ -26,7 +26,6 @@ import torch.nn.functional as F
 from trtforge.models.engine_dir import EngineConfig
 from trtforge.models.tensor_parallel import TPShard
 from trtforge.plugins.paged_attention.metadata import AttentionMetadata
-
 from trtforge.serving.worker.model_inputs import ModelInputs
 
 STEP, PING, STOP, INIT = 1, 2, 3, 4

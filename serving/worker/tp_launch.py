@@ -170,7 +170,8 @@ def wait_for_ranks(store: dist.TCPStore, launch: Launch, children: list[Child]) 
     while missing:
         dead = [c for c in children if c.process.poll() is not None]
         if dead:
-            raise LaunchError("a tensor-parallel rank died while starting: " + "; ".join(c.describe_exit() for c in dead))
+            raise LaunchError("a tensor-parallel rank died while starting: "
+                              + "; ".join(c.describe_exit() for c in dead))
         if time.monotonic() > deadline:
             remote = [r for r in missing if r not in {c.rank for c in children}]
             raise LaunchError(

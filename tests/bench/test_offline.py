@@ -14,9 +14,9 @@ import pytest
 from click.testing import CliRunner
 
 from tests.helpers.checkpoints import make_checkpoint
+from trtforge.bench.workload import make_workload
 from trtforge.builder.build import build_engine
 from trtforge.builder.build_config import BuildConfig
-from trtforge.bench.workload import make_workload
 from trtforge.cli.main import main as trtforge_cli
 
 pytestmark = pytest.mark.usefixtures("one_thread")  # tests/conftest.py

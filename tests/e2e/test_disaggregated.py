@@ -21,12 +21,11 @@ from pathlib import Path
 import pytest
 from google.protobuf import text_format
 
-from trtforge.model_repo import client
-from trtforge.model_repo.pbtxt import read_config
-from trtforge.model_repo.launcher import TritonServer
-
 from tests.e2e.helpers import BIN, fail_alone, run_cli
 from tests.e2e.test_triton_e2e import metrics, wait_for
+from trtforge.model_repo import client
+from trtforge.model_repo.launcher import TritonServer
+from trtforge.model_repo.pbtxt import read_config
 
 pytestmark = pytest.mark.e2e
 

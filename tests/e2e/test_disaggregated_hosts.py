@@ -20,9 +20,8 @@ from pathlib import Path
 
 import pytest
 
-from trtforge.model_repo import client
-
 from tests.e2e.helpers import BIN, run_cli
+from trtforge.model_repo import client
 
 pytestmark = pytest.mark.e2e
 

@@ -17,9 +17,8 @@ import urllib.request
 
 import pytest
 
-from trtforge.model_repo.launcher import TritonServer, find_tritonserver
-
 from tests.e2e.helpers import BIN
+from trtforge.model_repo.launcher import TritonServer, find_tritonserver
 
 pytestmark = pytest.mark.e2e
 
@@ -82,8 +81,8 @@ def test_bare_server_runs_models_with_this_interpreter(echo_repo, tmp_path):
 
 
 def test_serve_command_stays_in_foreground_and_stops_on_sigterm(echo_repo, tmp_path):
-    cmd = [str(BIN / "trtforge"), "serve", str(echo_repo), "--http-port", "0", "--grpc-port", "0", "--metrics-port", "0",
-           "--log-file", str(tmp_path / "server.log")]
+    cmd = [str(BIN / "trtforge"), "serve", str(echo_repo), "--http-port", "0", "--grpc-port", "0",
+           "--metrics-port", "0", "--log-file", str(tmp_path / "server.log")]
     proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
                             env={**os.environ, "PYTHONUNBUFFERED": "1"})
     try:

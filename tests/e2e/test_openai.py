@@ -294,9 +294,9 @@ def _leave_non_streamed(api: Api, body: dict) -> float:
 def test_triton_gone_is_503_and_no_chat_template_is_400(api, tmp_path):
     """The same API, in process, on an engine copy without a chat template and a Triton address
     nothing listens on: the failures a client can meet when the model cannot answer."""
-    from trtforge.model_repo.launcher import free_port
-    from trtforge.frontend.server import OpenAIServer, create_app
     from trtforge.frontend.served_model import load_served_model
+    from trtforge.frontend.server import OpenAIServer, create_app
+    from trtforge.model_repo.launcher import free_port
 
     engine = tmp_path / "no-template"
     shutil.copytree(api.engine_dir, engine)

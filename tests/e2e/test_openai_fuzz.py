@@ -15,13 +15,12 @@ from __future__ import annotations
 
 import copy
 import json
-from collections import Counter
 import urllib.request
+from collections import Counter
 
 import pytest
 import schemathesis
-from hypothesis import HealthCheck, given, settings
-from hypothesis import strategies as st
+from hypothesis import HealthCheck, given, settings, strategies as st
 
 from tests.e2e.helpers import run_cli
 from tests.e2e.openai_server import start_serve, wait_for

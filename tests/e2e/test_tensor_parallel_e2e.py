@@ -12,10 +12,9 @@ from pathlib import Path
 
 import pytest
 
+from tests.e2e.helpers import BUILD_FLAGS, run_cli
 from trtforge.model_repo import client
 from trtforge.model_repo.launcher import TritonServer
-
-from tests.e2e.helpers import BUILD_FLAGS, run_cli
 
 pytestmark = pytest.mark.e2e
 

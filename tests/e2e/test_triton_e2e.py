@@ -19,11 +19,10 @@ import numpy as np
 import pytest
 from google.protobuf import text_format
 
-from trtforge.model_repo import client
-from trtforge.model_repo.pbtxt import read_config
-from trtforge.model_repo.launcher import TritonServer
-
 from tests.e2e.helpers import fail_alone, run_cli
+from trtforge.model_repo import client
+from trtforge.model_repo.launcher import TritonServer
+from trtforge.model_repo.pbtxt import read_config
 
 pytestmark = pytest.mark.e2e
 
@@ -61,8 +60,8 @@ def served(engine_dir, tmp_path_factory):
     server.start()
     try:
         # Build the oracle while the server loads the same engine.
-        from trtforge.serving.engine import LLMEngine
         from trtforge.config.sampling import SamplingParams
+        from trtforge.serving.engine import LLMEngine
 
         engine = LLMEngine.from_engine_dir(engine_dir)
         outs = engine.generate(PROMPTS, SamplingParams(max_tokens=MAX_TOKENS))

@@ -5,20 +5,17 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
-from hypothesis import given, settings
-from hypothesis import strategies as st
+from hypothesis import given, settings, strategies as st
 from pydantic import ValidationError
 
+from tests.helpers.checkpoints import tokenizer as tiny_tokenizer
 from trtforge.frontend.errors import APIError, _field_path
-from trtforge.frontend.generation import (TOP_P_MOST_LIKELY, Tally, csv_field,
-                                                   ensemble_inputs)
+from trtforge.frontend.generation import TOP_P_MOST_LIKELY, Tally, csv_field, ensemble_inputs
 from trtforge.frontend.schemas import ChatCompletionRequest, CompletionRequest
 from trtforge.frontend.served_model import ServedModel
 from trtforge.frontend.server import create_app
 from trtforge.frontend.triton_bridge import Piece, error_for_message
 from trtforge.model_repo.request import parse_request, parse_words
-
-from tests.helpers.checkpoints import tokenizer as tiny_tokenizer
 
 # Stop strings as JSON can carry them: any text but lone surrogates (refused by the schema).
 stop_text = st.text(st.characters(exclude_categories=("Cs",)), min_size=1, max_size=12)

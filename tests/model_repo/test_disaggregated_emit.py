@@ -9,11 +9,19 @@ from click.testing import CliRunner
 from tests.model_repo.test_emit import REQUIRED
 from trtforge.cli.triton import emit_repo_command
 from trtforge.config.runtime import Phase
-from trtforge.model_repo.disaggregated import PhaseOptions
+from trtforge.model_repo.disaggregated import DisaggregatedOptions, PhaseOptions
 from trtforge.model_repo.emit import emit_repo
 from trtforge.model_repo.pbtxt import read_config
-from trtforge.model_repo.phases import (CPUS, HANDOFF_TIMEOUT, PHASE, ROLE, ROUTER_ROLE, parse_cpus,
-                                        refuse_other_phase, scheduler_fields)
+from trtforge.model_repo.phases import (
+    CPUS,
+    HANDOFF_TIMEOUT,
+    PHASE,
+    ROLE,
+    ROUTER_ROLE,
+    parse_cpus,
+    refuse_other_phase,
+    scheduler_fields,
+)
 from trtforge.model_repo.python_models import ENGINE_PY, ROUTER_PY
 
 
@@ -74,8 +82,8 @@ def test_bad_phase_options_are_refused_at_emit(engine_dir, tmp_path):
     result = _emit(engine_dir, tmp_path / "d", "--generation-max-batch-size", "0")
     assert result.exit_code != 0 and "max_batch_size=0 is invalid" in result.output
     with pytest.raises(ValueError, match="prefill_chunk_size"):  # the API refuses it too
-        emit_repo(engine_dir, tmp_path / "e", disaggregated=True,
-                  generation=PhaseOptions(scheduler={"prefill_chunk_size": 8}))
+        emit_repo(engine_dir, tmp_path / "e", disaggregated=DisaggregatedOptions(
+            generation=PhaseOptions(scheduler={"prefill_chunk_size": 8})))
     assert not (tmp_path / "e").exists()  # nothing half-written
 
 

@@ -12,8 +12,7 @@ from trtforge.cli.triton import emit_repo_command
 from trtforge.config.fields import parse_text
 from trtforge.config.scheduler import SchedulerConfig
 from trtforge.model_repo.emit import emit_repo
-from trtforge.model_repo.params import (ENGINE_DIR, KV_CACHE_MEMORY, scheduler_parameter_names,
-                                        scheduler_values)
+from trtforge.model_repo.params import ENGINE_DIR, KV_CACHE_MEMORY, scheduler_parameter_names, scheduler_values
 from trtforge.model_repo.pbtxt import parameters_of, read_config
 from trtforge.model_repo.python_models import ENGINE_PY
 

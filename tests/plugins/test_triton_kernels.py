@@ -16,8 +16,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from trtforge.plugins.paged_attention import reference
-from trtforge.plugins.paged_attention import triton_kernels as tk
+from trtforge.plugins.paged_attention import reference, triton_kernels as tk
 from trtforge.plugins.paged_attention.testing import make_case
 
 INTERPRETED = os.environ.get("TRITON_INTERPRET", "0") == "1"

@@ -13,11 +13,11 @@ from tests.helpers.checkpoints import make_checkpoint
 from trtforge.builder.build import build_engine
 from trtforge.builder.build_config import BuildConfig
 from trtforge.cli.main import main
+from trtforge.config.sampling import SamplingParams
 from trtforge.serving.core import kv_cache_manager
 from trtforge.serving.core.scheduler import EngineOverloaded
 from trtforge.serving.engine import LLMEngine
 from trtforge.serving.outputs import RequestOutput
-from trtforge.config.sampling import SamplingParams
 
 MAX_SEQ_LEN = 64
 PROMPT = "The quick brown fox jumps over the lazy dog."

@@ -13,16 +13,15 @@ from __future__ import annotations
 import random
 
 import pytest
-import torch
 
 from tests.helpers.checkpoints import make_checkpoint
 from trtforge.builder.build import build_engine
 from trtforge.builder.build_config import BuildConfig
 from trtforge.config.runtime import RuntimeConfig
+from trtforge.config.sampling import SamplingParams
 from trtforge.models.kv_sizing import kv_bytes_per_token
 from trtforge.serving.engine import LLMEngine
 from trtforge.serving.outputs import RequestOutput
-from trtforge.config.sampling import SamplingParams
 
 BLOCK = 4
 TIE_GAP = 1e-4  # logprob gap under which two tokens count as tied (fp32 reduction-order noise)

@@ -11,9 +11,9 @@ from tests.builder.quant_accuracy import all_position_logits, compare, random_se
 from tests.helpers.checkpoints import make_checkpoint, make_variant
 from trtforge.builder.build import build_engine
 from trtforge.builder.build_config import BuildConfig
+from trtforge.config.sampling import SamplingParams
 from trtforge.models.errors import BuildError
 from trtforge.models.kv_sizing import kv_bytes_per_token
-from trtforge.config.sampling import SamplingParams
 from trtforge.serving.engine import LLMEngine
 
 

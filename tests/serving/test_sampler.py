@@ -3,8 +3,8 @@ penalties, min_tokens, bad words, logprobs and the sampled distribution."""
 
 from __future__ import annotations
 
-import torch
 import pytest
+import torch
 from transformers import (
     LlamaConfig,
     LlamaForCausalLM,
@@ -15,8 +15,8 @@ from transformers import (
     TopPLogitsWarper,
 )
 
-from trtforge.serving.sampler import Sampler, SamplingState, process_logits, sampling_probs
 from trtforge.config.sampling import SamplingParams
+from trtforge.serving.sampler import Sampler, SamplingState, process_logits, sampling_probs
 
 V = 64
 EOS = 3

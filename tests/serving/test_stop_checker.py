@@ -7,9 +7,9 @@ import random
 import pytest
 
 from tests.helpers.tokenizers import byte_level_tokenizer
+from trtforge.config.sampling import SamplingParams
 from trtforge.serving.detokenizer import IncrementalDetokenizer
 from trtforge.serving.sampler import SamplingState
-from trtforge.config.sampling import SamplingParams
 from trtforge.serving.stop_checker import StopChecker
 
 EOS = 0

@@ -31,7 +31,8 @@ def engines(tmp_path_factory):
     tp1 = build_engine(str(ckpt), tmp / "tp1", BuildConfig(**opts), progress=False)[0]
     tp2 = build_engine(str(ckpt), tmp / "tp2", BuildConfig(**opts, tp_size=2), progress=False)[0]
     engine = LLMEngine.from_engine_dir(tp1)
-    want = [o.output_token_ids for o in engine.generate(PROMPTS, SamplingParams(max_tokens=MAX_TOKENS, ignore_eos=True))]
+    params = SamplingParams(max_tokens=MAX_TOKENS, ignore_eos=True)
+    want = [o.output_token_ids for o in engine.generate(PROMPTS, params)]
     return tp2, want
 
 

@@ -35,9 +35,9 @@ pytestmark = [pytest.mark.e2e, pytest.mark.skipif(
 def served(tmp_path_factory, trtllm_engine_json):
     from trtforge.builder.checkpoint import tokenizer_files
     from trtforge.builder.demo_checkpoint import write_demo_checkpoint
-    from trtforge.models.loader import load_tokenizer
     from trtforge.model_repo.emit import emit_repo
     from trtforge.model_repo.launcher import TritonServer
+    from trtforge.models.tokenizer import load_tokenizer
 
     root = tmp_path_factory.mktemp("trtllm_python_models")
     ckpt = write_demo_checkpoint(root / "ckpt", arch="llama", seed=1)

@@ -8,8 +8,8 @@ import torch
 import torch.nn.functional as F
 
 from tests.helpers.checkpoints import make_variant
-from trtforge.plugins.cpu import fused as cpu_fused
 from trtforge.models.rope import apply_rotary
+from trtforge.plugins.cpu import fused as cpu_fused
 
 EXACTISH = dict(atol=2e-6, rtol=2e-6)  # float32, another summation order
 
@@ -88,9 +88,9 @@ def test_network_with_and_without_the_kernels(tmp_path, monkeypatch):
     engine on the torch references: same greedy tokens, logprobs within float32 rounding."""
     from trtforge.builder.build import build_engine
     from trtforge.builder.build_config import BuildConfig
+    from trtforge.config.sampling import SamplingParams
     from trtforge.plugins.paged_attention import cpu_native
     from trtforge.serving.engine import LLMEngine
-    from trtforge.config.sampling import SamplingParams
 
     ckpt = make_variant(tmp_path / "ckpt", "qwen2-gqa-bias-tied")
     out, _ = build_engine(str(ckpt), tmp_path / "engine", BuildConfig(dtype="float32", kv_cache_memory="8MiB"),

@@ -52,7 +52,8 @@ def test_quantise_error_is_at_most_half_a_scale(scheme, group):
     per_elem = s.unsqueeze(1).expand(20, 256) if scheme == "int8_wo" else s.repeat_interleave(group, dim=1)
     # Real arithmetic gives ≤ s/2; float32 rounds w/s and q·s once each (relative u, |q| ≤ 127).
     bound = per_elem * (0.5 + 2 * 128 * U)
-    inside = (w / per_elem).le(7.5) & (w / per_elem).ge(-8.5) if scheme == "int4_wo" else torch.ones_like(w, dtype=torch.bool)
+    inside = ((w / per_elem).le(7.5) & (w / per_elem).ge(-8.5) if scheme == "int4_wo"
+              else torch.ones_like(w, dtype=torch.bool))
     assert (back - w).abs().le(bound)[inside].all()
     assert torch.equal(back[0], torch.zeros(256))
     if scheme == "int4_wo":

@@ -340,7 +340,7 @@ def test_shortest_first_prefill_leaves_tokens_for_the_decodes_behind_it():
 def test_guaranteed_no_evict_admits_only_what_it_can_finish():
     sched = make_sched(num_blocks=7, max_seq_len=24, policy="guaranteed_no_evict")
     a = add(sched, 1, 4, max_tokens=9)  # 12 KV tokens → 3 blocks promised
-    b = add(sched, 2, 4, max_tokens=13)  # 16 → 4 more: fills the pool
+    add(sched, 2, 4, max_tokens=13)  # 16 → 4 more: fills the pool
     c = add(sched, 3, 4, max_tokens=1)  # 1 block: no room until one finishes
     assert [ch.seq_id for ch in step(sched).chunks] == [1, 2]
     while a.status is S.RUNNING:

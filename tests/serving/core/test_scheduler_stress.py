@@ -2,8 +2,9 @@
 
 The "model" is a simulated paged KV cache: for every scheduled chunk it writes the chunk's token ids
 into the slots named by the chunk's copy of the block table (what an executor gets), then reads back
-every position the chunk attends to and checks it holds the sequence's token there. So a wrong block table, a prefix hit on the wrong block, a block
-written while shared, or a recompute that skips a token fails here, not in a GPU kernel later.
+every position the chunk attends to and checks it holds the sequence's token there. So a wrong block
+table, a prefix hit on the wrong block, a block written while shared, or a recompute that skips a
+token fails here, not in a GPU kernel later.
 Sampled tokens are random; a sequence finishes on max_tokens, on a stop token, or by abort.
 """
 

@@ -10,10 +10,9 @@ import torch
 from tests.helpers.checkpoints import make_variant
 from trtforge.builder.build import build_engine
 from trtforge.builder.build_config import BuildConfig
+from trtforge.config.sampling import SamplingParams
 from trtforge.plugins.cpu.linear import GEMV_MAX_ROWS
 from trtforge.serving.engine import LLMEngine
-from trtforge.config.sampling import SamplingParams
-
 
 
 def _engine(tmp_path, variant: str, quantization: str = "none", lm_head: str = "int8_wo") -> LLMEngine:

@@ -12,9 +12,9 @@ from tests.helpers.checkpoints import make_checkpoint
 from trtforge.builder.build import build_engine
 from trtforge.builder.build_config import BuildConfig
 from trtforge.config.runtime import RuntimeConfig
-from trtforge.serving.worker.cuda_graphs import CudaGraphRunner
-from trtforge.serving.engine import LLMEngine
 from trtforge.config.sampling import SamplingParams
+from trtforge.serving.engine import LLMEngine
+from trtforge.serving.worker.cuda_graphs import CudaGraphRunner
 
 PROMPTS = [[5, 6, 7], list(range(10, 40)), [9] * 17, list(range(50, 55))]
 

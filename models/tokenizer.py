@@ -1,4 +1,5 @@
-"""The engine's two tokenizer calls without importing transformers, for plain `tokenizers` checkpoints.
+"""Loading an engine's tokenizer (`load_tokenizer`: the one way trtforge loads one), and the engine's two
+tokenizer calls without importing transformers, for plain `tokenizers` checkpoints (`PlainTokenizer`).
 
 Why: the engine only ever calls `encode(text, add_special_tokens=False)` and `decode(ids,
 skip_special_tokens=...)`. For a tokenizer saved as a plain `tokenizers` backend (tokenizer_class
@@ -79,3 +80,15 @@ class PlainTokenizer:
         if name.startswith("_") or name == "hf":  # not set yet (copy/pickle): no recursion into hf
             raise AttributeError(name)
         return getattr(self.hf, name)
+
+
+def load_tokenizer(directory: str | Path) -> Any:
+    """The tokenizer of an engine (or checkpoint) directory; the one way trtforge loads one. A
+    plain `tokenizers` tokenizer (PlainTokenizer) when the files allow, without importing
+    transformers; else transformers' AutoTokenizer."""
+    plain = PlainTokenizer.load(directory)  # no transformers import for plain `tokenizers` checkpoints
+    if plain is not None:
+        return plain
+    from transformers import AutoTokenizer
+
+    return AutoTokenizer.from_pretrained(str(directory))

@@ -12,8 +12,7 @@ from transformers import AutoTokenizer
 from tests.helpers.tokenizers import byte_level_tokenizer, sentencepiece_like_tokenizer
 from trtforge.builder.demo_text import corpus_lines
 from trtforge.builder.tokenizer_training import train_tiny_tokenizer
-from trtforge.models.loader import load_tokenizer
-from trtforge.models.plain_tokenizer import PlainTokenizer
+from trtforge.models.tokenizer import PlainTokenizer, load_tokenizer
 
 TEXTS = ["The quick brown fox", " leading space", "Café, naïve — déjà vu", "中文分词 🚀👍🏽🇫🇷",
          "<|im_start|>user\nhi<|im_end|>", "tabs\tand\nnewlines\n\n", "", "x" * 300]
@@ -65,8 +64,8 @@ def test_sentencepiece_style_decoder_matches(tmp_path):
 
 
 def test_loading_does_not_import_transformers(saved):
-    code = ("import sys; from trtforge.models.loader import load_tokenizer; "
+    code = ("import sys; from trtforge.models.tokenizer import load_tokenizer; "
             f"t = load_tokenizer({str(saved)!r}); t.decode(t.encode('a b', add_special_tokens=False)); "
-            "print('transformers' in sys.modules)")
+            "print('transformers' in sys.modules, 'torch' in sys.modules)")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
-    assert out.stdout.strip() == "False"
+    assert out.stdout.strip() == "False False"
