@@ -77,7 +77,7 @@ def emit_repo(engine_dir: str | os.PathLike, repo_dir: str | os.PathLike, *,
                                 triton_max_batch_size=triton_max_batch_size,
                                 exclude_input_in_output=exclude_input_in_output,
                                 kv_cache_memory=kv_cache_memory, models_dir=trtllm_models_dir,
-                                disaggregated=disaggregated, **scheduler_overrides)
+                                disaggregated=bool(disaggregated), **scheduler_overrides)
     if trtllm_models_dir is not None:
         raise ValueError(f"--trtllm-models-dir is for engines built with --backend trtllm; "
                          f"{engine_dir} has backend {engine.backend!r}.")
