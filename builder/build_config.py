@@ -57,7 +57,8 @@ class BuildConfig:
     """Inputs sharing one int4_wo scale; must be even and divide every quantized layer's in_features (multiples
     of 8 use the C kernels)."""
     allow_pickle: bool = False
-    """Accept pickled .bin weights (loaded with torch.load(weights_only=True)). Off: only safetensors."""
+    """Accept pickled .bin weights (loaded with torch.load(weights_only=True); refused under torch < 2.6, whose
+    weights_only still runs code from a crafted file: CVE-2025-32434). Off: only safetensors."""
     tp_size: int = 1
     """Tensor-parallel ranks: rank{r}.safetensors per rank, Megatron-style splits, run on torch.distributed
     (docs/scale-out.md). Torch backend, unquantized only."""
@@ -84,6 +85,12 @@ class BuildConfig:
         self.check_quantization_options()
         self.check_tp_options()
         self.check_kv_cache_dtype()
+        if self.allow_pickle:  # before any file is read; checkpoint.py checks again where it unpickles
+            import torch
+
+            from trtforge.builder.checkpoint import check_pickle_safe
+
+            check_pickle_safe(torch.__version__)
         limit = min(max_position_embeddings, sliding_window or max_position_embeddings)
         if self.max_seq_len is None:
             self.max_seq_len = limit

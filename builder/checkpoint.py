@@ -18,6 +18,24 @@ TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "special_tokens_ma
                    "merges.txt", "tokenizer.model", "added_tokens.json", "chat_template.jinja",
                    "generation_config.json")
 _HUB_PATTERNS = ["*.json", "*.safetensors", "*.model", "*.txt", "*.jinja"]
+SAFE_PICKLE_TORCH = (2, 6)
+"""torch.load(weights_only=True) runs no code from the file from torch 2.6 on; before it, a crafted
+pickle executes code despite weights_only (CVE-2025-32434)."""
+
+
+def check_pickle_safe(torch_version: str) -> None:
+    """BuildError unless `torch_version` is one whose torch.load(weights_only=True) is safe."""
+    release = torch_version.split("+")[0].split(".")
+    try:
+        major, minor = int(release[0]), int("".join(ch for ch in release[1] if ch.isdigit()) or 0)
+    except (IndexError, ValueError):
+        major, minor = 0, 0  # unparsable: not known to be safe
+    if (major, minor) < SAFE_PICKLE_TORCH:
+        need = ".".join(map(str, SAFE_PICKLE_TORCH))
+        raise BuildError(f"--allow-pickle needs torch >= {need}: this torch is {torch_version}, whose "
+                         f"torch.load(weights_only=True) can still run code from a crafted .bin "
+                         f"(CVE-2025-32434). Upgrade torch (pip install 'torch>={need}'), or convert the "
+                         f"weights to safetensors on a machine that has it.")
 
 
 def resolve(path_or_id: str) -> Path:
@@ -132,8 +150,9 @@ class TensorReader:
         if bins and not allow_pickle:
             raise BuildError(f"{c} holds only pickled weights ({bins[0].name}); pickles can run code when "
                              f"loaded. Convert to safetensors, or pass --allow-pickle to load them with "
-                             f"torch.load(weights_only=True).")
+                             f"torch.load(weights_only=True) (torch >= {SAFE_PICKLE_TORCH}).")
         if bins:
+            check_pickle_safe(torch.__version__)
             return bins
         raise BuildError(f"{c} has no weights (no *.safetensors, model.safetensors.index.json or *.bin).")
 

@@ -11,18 +11,27 @@ a ctime back, so a matching stamp means the bytes are those that were hashed. ct
 already `SETTLE_S` old when hashing began: a write in the same tick as the hash cannot hide.
 
 Records live in `$TRTFORGE_CACHE_DIR` (default `~/.cache/trtforge`)/verified, one small JSON file per
-weight file. An unreadable or unwritable cache only means hashing again.
+weight file. A record vouches for a file's bytes, so the directory must be one only this user can
+write (plugins/native.private_dir: created 0700; another owner, group/world-writable, or a parent
+that lets others swap it): else records are neither read nor written and every file is hashed, as
+with an unreadable or unwritable cache — another user sharing TRTFORGE_CACHE_DIR could otherwise
+plant a record that passes a modified weight file.
 """
 
 from __future__ import annotations
 
 import hashlib
 import json
+import logging
 import os
 import tempfile
 import time
 from pathlib import Path
 from typing import Callable
+
+from trtforge.plugins.native import UnsafeCacheDir, cache_root, private_dir
+
+log = logging.getLogger(__name__)
 
 MIN_BYTES = 16 << 20
 """Smaller files are hashed every time (milliseconds); only big ones are worth a record."""
@@ -30,8 +39,24 @@ SETTLE_S = 2.0
 
 
 def cache_dir() -> Path:
-    root = os.environ.get("TRTFORGE_CACHE_DIR") or os.path.join(os.path.expanduser("~"), ".cache", "trtforge")
-    return Path(root) / "verified"
+    return cache_root() / "verified"
+
+
+_warned: set[Path] = set()
+
+
+def _private_cache_dir() -> Path | None:
+    """cache_dir() where only this user can write it; None (said once per directory) otherwise."""
+    directory = cache_dir()
+    try:
+        return private_dir(directory)
+    except UnsafeCacheDir as err:
+        if directory not in _warned:
+            _warned.add(directory)
+            log.warning("not using remembered checksums (every engine file is hashed at load): %s", err)
+    except OSError:
+        pass  # unwritable: hashing again is all it costs
+    return None
 
 
 def _stamp(path: Path) -> list[int]:
@@ -39,23 +64,24 @@ def _stamp(path: Path) -> list[int]:
     return [st.st_dev, st.st_ino, st.st_size, st.st_mtime_ns, st.st_ctime_ns]
 
 
-def _record_path(path: Path, stamp: list[int]) -> Path:
+def _record_path(directory: Path, path: Path, stamp: list[int]) -> Path:
     key = f"{stamp[0]}:{stamp[1]}:{path.resolve()}"
-    return cache_dir() / (hashlib.sha256(key.encode()).hexdigest()[:32] + ".json")
+    return directory / (hashlib.sha256(key.encode()).hexdigest()[:32] + ".json")
 
 
-def _recorded(path: Path, stamp: list[int]) -> str | None:
+def _recorded(directory: Path, path: Path, stamp: list[int]) -> str | None:
     try:
-        record = json.loads(_record_path(path, stamp).read_text())
+        record = json.loads(_record_path(directory, path, stamp).read_text())
     except (OSError, ValueError):
+        return None
+    if not isinstance(record, dict):
         return None
     return record.get("sha256") if record.get("stamp") == stamp else None
 
 
-def _remember(path: Path, stamp: list[int], digest: str) -> None:
-    target = _record_path(path, stamp)
+def _remember(directory: Path, path: Path, stamp: list[int], digest: str) -> None:
+    target = _record_path(directory, path, stamp)
     try:
-        target.parent.mkdir(parents=True, exist_ok=True)
         fd, tmp = tempfile.mkstemp(dir=target.parent, suffix=".tmp")
         with os.fdopen(fd, "w") as f:
             json.dump({"file": str(path.resolve()), "stamp": stamp, "sha256": digest}, f)
@@ -69,12 +95,15 @@ def digest_of(path: Path, hash_file: Callable[[Path], str]) -> str:
     before = _stamp(path)
     if before[2] < MIN_BYTES:
         return hash_file(path)
-    known = _recorded(path, before)
+    directory = _private_cache_dir()
+    if directory is None:
+        return hash_file(path)
+    known = _recorded(directory, path, before)
     if known is not None:
         return known
     started_ns = time.time_ns()
     digest = hash_file(path)
     settled = before[4] <= started_ns - int(SETTLE_S * 1e9)
     if settled and _stamp(path) == before:
-        _remember(path, before, digest)
+        _remember(directory, path, before, digest)
     return digest

@@ -14,16 +14,27 @@ AVX2/FMA intrinsics under `#ifdef __AVX2__` in quant_linear.c and cpu_decode.c; 
 reports which ISA this is). No
 compiler, a failed build or `TRTFORGE_CPU_NATIVE=0`: `load` returns None, says why once in the
 log, and callers keep their torch path — slower, same results.
+
+The cache is code this process runs, so nobody else may write it (`private_dir`): the directory is
+created 0700 and refused (torch path, with the reason) when another user owns it, its group or
+everyone may write it, or a directory above it lets another user swap it (writable by others
+without the sticky bit, or owned by someone other than this user or root). Each build writes a
+record `NAME-KEY.json` (atomically, after the library) with the full sha256 of the build inputs
+and of the library, which is stored under its own digest (`NAME-KEY-SO.so`, so concurrent builds
+never leave a record naming other bytes); a library is loaded only when its bytes match the
+record, otherwise it is rebuilt. A planted or truncated .so is therefore never loaded.
 """
 
 from __future__ import annotations
 
 import ctypes
 import hashlib
+import json
 import logging
 import os
 import shlex
 import shutil
+import stat
 import subprocess
 import tempfile
 from pathlib import Path
@@ -41,9 +52,62 @@ def enabled() -> bool:
     return os.environ.get(ENV_VAR, "1") != "0"
 
 
+def cache_root() -> Path:
+    """`$TRTFORGE_CACHE_DIR`, default `~/.cache/trtforge`: native libraries and remembered digests
+    (models/verified_files.py) below it."""
+    return Path(os.environ.get("TRTFORGE_CACHE_DIR") or os.path.join(os.path.expanduser("~"), ".cache", "trtforge"))
+
+
 def cache_dir() -> Path:
-    root = os.environ.get("TRTFORGE_CACHE_DIR") or os.path.join(os.path.expanduser("~"), ".cache", "trtforge")
-    return Path(root) / "native"
+    return cache_root() / "native"
+
+
+class UnsafeCacheDir(RuntimeError):
+    """A cache directory that someone other than this user could write."""
+
+
+def private_dir(path: Path) -> Path:
+    """`path`, created 0700 where missing, once it is sure that only this user (or root) can change
+    what is in it; UnsafeCacheDir saying who else could, and what to do, otherwise."""
+    missing = [p for p in (path, *path.parents) if not p.exists()]
+    for directory in reversed(missing):  # ~/.cache/trtforge too: 0700 whatever the umask
+        directory.mkdir(mode=0o700, exist_ok=True)
+    reason = _others_can_write(path)
+    if reason is not None:
+        raise UnsafeCacheDir(f"{reason}: another user could plant files there that trtforge would trust. "
+                             f"Make it private, or point TRTFORGE_CACHE_DIR at a directory only you can "
+                             f"write (e.g. `mkdir -m 700 ~/.cache/trtforge-private`).")
+    return path
+
+
+def _others_can_write(path: Path) -> str | None:
+    """Why someone other than this user could change `path`'s entries (None: nobody can): the
+    directory itself must be ours and not group/world-writable; a directory above it (as named and
+    as resolved) owned by another user, or writable by others without the sticky bit, could have
+    it renamed away and replaced."""
+    if not hasattr(os, "getuid"):  # no POSIX owners (Windows): nothing to check
+        return None
+    uid = os.getuid()
+    link, st = os.lstat(path), os.stat(path)
+    if stat.S_ISLNK(link.st_mode) and link.st_uid not in (uid, 0):
+        return f"{path} is a symbolic link owned by uid {link.st_uid}, who could point it elsewhere"
+    if st.st_uid != uid:
+        return f"{path} is owned by uid {st.st_uid}, not by this user (uid {uid})"
+    if st.st_mode & 0o022:
+        return f"{path} is writable by its group or by everyone (mode {stat.S_IMODE(st.st_mode):o})"
+    return _parents_let_others_swap(path, uid)
+
+
+def _parents_let_others_swap(path: Path, uid: int) -> str | None:
+    for parent in sorted(set(Path(os.path.abspath(path)).parents) | set(path.resolve().parents)):
+        pst = os.lstat(parent)
+        if pst.st_uid not in (uid, 0):
+            return f"{parent}, above {path}, is owned by uid {pst.st_uid}, who could replace it"
+        shared = pst.st_mode & 0o022 and not pst.st_mode & stat.S_ISVTX
+        if shared and not stat.S_ISLNK(pst.st_mode):
+            return (f"{parent}, above {path}, is writable by others without the sticky bit "
+                    f"(mode {stat.S_IMODE(pst.st_mode):o}), so they could replace it")
+    return None
 
 
 def cpu_flags() -> str:
@@ -62,35 +126,92 @@ def _compiler() -> list[str] | None:
 
 
 def build(source: Path, extra_flags: tuple[str, ...] = ()) -> Path:
-    """Compile `source` into the cache (once per source/compiler/flags/CPU); returns the .so path.
+    """Compile `source` into the cache (once per source/compiler/flags/CPU); returns the .so path,
+    whose bytes match the sha256 recorded when it was built (else it is built again).
     extra_flags: e.g. -fopenmp (the library then shares torch's libgomp.so.1 thread pool).
 
-    Raises RuntimeError with the compiler's output when there is no compiler or the build fails."""
+    Raises RuntimeError with the compiler's output when there is no compiler or the build fails,
+    UnsafeCacheDir (a RuntimeError) when others could write the cache directory."""
     cc = _compiler()
     if cc is None:
         raise RuntimeError(f"no C compiler found (tried {os.environ.get('CC', 'cc')!r}; set CC)")
     include = Path(__file__).parent  # native_vec.h and any other shared header
     text = source.read_bytes() + b"".join(h.read_bytes() for h in sorted(include.glob("*.h")))
     flags = (*CFLAGS, *extra_flags)
-    key = hashlib.sha256(text + repr((cc, flags)).encode() + cpu_flags().encode()).hexdigest()[:16]
-    out = cache_dir() / f"{source.stem}-{key}.so"
-    if out.exists():
-        return out
-    out.parent.mkdir(parents=True, exist_ok=True)
+    inputs = hashlib.sha256(text + repr((cc, flags)).encode() + cpu_flags().encode()).hexdigest()
+    directory = private_dir(cache_dir())
+    record = directory / f"{source.stem}-{inputs[:16]}.json"
+    built = _verified_library(record, inputs)
+    if built is not None:
+        return built
     # Build into a temporary name and rename: concurrent processes (Triton model instances,
     # pytest workers) may build the same library at once, and none may load a half-written one.
-    fd, tmp = tempfile.mkstemp(suffix=".so", dir=out.parent)
+    fd, tmp = tempfile.mkstemp(suffix=".so", dir=directory)
     os.close(fd)
     cmd = [*cc, *flags, f"-I{include}", "-o", tmp, str(source), "-lm"]
     try:
         proc = subprocess.run(cmd, capture_output=True, text=True, timeout=300)
         if proc.returncode != 0:
             raise RuntimeError(f"`{shlex.join(cmd)}` failed ({proc.returncode}):\n{proc.stderr.strip()}")
-        os.replace(tmp, out)
+        digest = _sha256(Path(tmp))
+        out = _library_path(record, digest)
+        os.replace(tmp, out)  # named by its digest: a concurrent build of other bytes cannot clash
+        _write_atomically(record, json.dumps({"source": str(source), "compiler": cc, "flags": flags,
+                                              "inputs": inputs, "sha256": digest}))
     finally:
         if os.path.exists(tmp):
             os.unlink(tmp)
     return out
+
+
+def _sha256(path: Path) -> str:
+    with open(path, "rb") as f:
+        return hashlib.sha256(f.read()).hexdigest()
+
+
+def _is_sha256(value: object) -> bool:
+    return isinstance(value, str) and len(value) == 64 and all(c in "0123456789abcdef" for c in value)
+
+
+def _library_path(record: Path, digest: str) -> Path:
+    return record.with_name(f"{record.stem}-{digest[:16]}.so")
+
+
+def _verified_library(record: Path, inputs: str) -> Path | None:
+    """The library `record` names when its bytes are those the build recorded; None (and a warning
+    when there was something to distrust) when it must be built."""
+    try:
+        recorded = json.loads(record.read_text())
+    except FileNotFoundError:
+        return None
+    except (OSError, ValueError):
+        recorded = None
+    recorded = recorded if isinstance(recorded, dict) else {}
+    digest = recorded.get("sha256")
+    if recorded.get("inputs") != inputs or not _is_sha256(digest):
+        log.warning("%s is not a record of this build (unreadable, or other inputs): rebuilding", record)
+        return None
+    library = _library_path(record, digest)
+    try:
+        st = os.lstat(library)
+        if stat.S_ISREG(st.st_mode) and _sha256(library) == digest:
+            return library
+    except OSError:
+        return None
+    log.warning("%s does not match the sha256 recorded when it was built (%s): not loading it, rebuilding",
+                library, record.name)
+    return None
+
+
+def _write_atomically(path: Path, text: str) -> None:
+    fd, tmp = tempfile.mkstemp(suffix=".tmp", dir=path.parent)
+    try:
+        with os.fdopen(fd, "w") as f:
+            f.write(text)
+        os.replace(tmp, path)
+    finally:
+        if os.path.exists(tmp):
+            os.unlink(tmp)
 
 
 def load(source: Path, signatures: dict[str, tuple[object, list[object]]],

@@ -127,3 +127,39 @@ def test_missing_checkpoint_and_hub_id_without_network(tmp_path, monkeypatch):
     assert result.exit_code != 0 and not (tmp_path / "engine").exists()
     assert "could not download 'Qwen/Qwen2.5-0.5B-Instruct'" in result.output
     assert "local directory" in result.output
+
+
+@pytest.mark.parametrize("old_torch", ["2.5.1+cu124", "2.4.0", "1.13.1"])
+def test_allow_pickle_refused_under_torch_before_2_6(tmp_path, good_ckpt, monkeypatch, old_torch):
+    """torch < 2.6 runs code from a crafted pickle despite weights_only=True (CVE-2025-32434):
+    --allow-pickle is refused there before any weights file is read, safetensors or not."""
+    ckpt = _copy(good_ckpt, tmp_path / "ckpt")
+    torch.save(load_file(str(ckpt / "model.safetensors")), ckpt / "pytorch_model.bin")
+    (ckpt / "model.safetensors").unlink()
+    monkeypatch.setattr(torch, "__version__", old_torch)
+    loads = []
+    monkeypatch.setattr(torch, "load", lambda *a, **k: loads.append(a))
+    result, left = _build(ckpt, tmp_path / "engine", "--allow-pickle")
+    _assert_clean_failure(result, tmp_path / "engine", left, "--allow-pickle needs torch >= 2.6",
+                          f"this torch is {old_torch}", "CVE-2025-32434")
+    assert not loads, "the pickle was opened"
+    result, left = _build(good_ckpt, tmp_path / "engine", "--allow-pickle")  # refused even for safetensors
+    _assert_clean_failure(result, tmp_path / "engine", left, "--allow-pickle needs torch >= 2.6")
+
+
+def test_pickle_check_at_the_unpickling_site(tmp_path, good_ckpt, monkeypatch):
+    """TensorReader(allow_pickle=True) used on its own checks the version too."""
+    from trtforge.builder.checkpoint import TensorReader, check_pickle_safe
+    from trtforge.models.errors import BuildError
+
+    ckpt = _copy(good_ckpt, tmp_path / "ckpt")
+    torch.save(load_file(str(ckpt / "model.safetensors")), ckpt / "pytorch_model.bin")
+    (ckpt / "model.safetensors").unlink()
+    monkeypatch.setattr(torch, "__version__", "2.5.0")
+    with pytest.raises(BuildError, match="CVE-2025-32434"):
+        TensorReader(ckpt, allow_pickle=True)
+    for safe in ("2.6.0", "2.6.0+cpu", "2.13.0a0+git1234", "3.0"):
+        check_pickle_safe(safe)
+    for unsafe in ("2.5.1", "garbage", ""):
+        with pytest.raises(BuildError):
+            check_pickle_safe(unsafe)

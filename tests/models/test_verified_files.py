@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import json
+import logging
 import os
 import time
 
@@ -74,3 +76,50 @@ def test_small_files_and_unwritable_cache_just_hash(counting, tmp_path, monkeypa
     vf.digest_of(path, hash_file)
     vf.digest_of(path, hash_file)
     assert len(calls) == 4
+
+
+def _forged_record(path, digest):
+    """What another user sharing the cache could write: a record vouching for `path` as it is now."""
+    stamp = vf._stamp(path)
+    target = vf._record_path(vf.cache_dir(), path, stamp)
+    target.parent.mkdir(parents=True, exist_ok=True)
+    target.write_text(json.dumps({"file": str(path.resolve()), "stamp": stamp, "sha256": digest}))
+    return target
+
+
+def test_records_in_a_directory_others_can_write_are_not_trusted(counting, tmp_path, monkeypatch, caplog):
+    hash_file, calls = counting
+    path = _settled_file(tmp_path / "w.bin")
+    _forged_record(path, "the-digest-engine-json-expects")
+    vf.cache_dir().chmod(0o777)
+    monkeypatch.setattr(vf, "SETTLE_S", 0.0)
+    monkeypatch.setattr(vf, "_warned", set())
+    time.sleep(0.01)
+    with caplog.at_level(logging.WARNING):
+        assert vf.digest_of(path, hash_file) == f"digest-of-{path.read_bytes()[:8].hex()}"
+        vf.digest_of(path, hash_file)
+    assert len(calls) == 2, "hashed every time, the planted record ignored"
+    assert caplog.text.count("writable by its group or by everyone") == 1, "said once"
+    assert len(list(vf.cache_dir().glob("*.json"))) == 1, "nothing remembered there either"
+
+
+def test_records_owned_by_someone_else_are_not_trusted(counting, tmp_path, monkeypatch):
+    hash_file, calls = counting
+    path = _settled_file(tmp_path / "w.bin")
+    _forged_record(path, "the-digest-engine-json-expects")
+    vf.cache_dir().chmod(0o700)
+    me = os.getuid()
+    monkeypatch.setattr(os, "getuid", lambda: me + 4242)
+    monkeypatch.setattr(vf, "SETTLE_S", 0.0)
+    time.sleep(0.01)
+    assert vf.digest_of(path, hash_file).startswith("digest-of-") and len(calls) == 1
+
+
+def test_records_directory_is_created_private(counting, tmp_path, monkeypatch):
+    hash_file, _ = counting
+    path = _settled_file(tmp_path / "w.bin")
+    monkeypatch.setattr(vf, "SETTLE_S", 0.0)
+    time.sleep(0.01)
+    vf.digest_of(path, hash_file)
+    assert vf.cache_dir().stat().st_mode & 0o777 == 0o700
+    assert list(vf.cache_dir().glob("*.json")), "remembered in a private directory"
