@@ -13,6 +13,30 @@ from dataclasses import dataclass, field
 from typing import Protocol
 
 _MAX_SEED = (1 << 64) - 1  # Triton's `seed` input is UINT64; torch generators accept the range.
+_FLOAT32_MAX = 3.4028234663852886e38  # the sampler computes in float32: larger values become inf there
+_GREEDY_BELOW = 1e-5
+"""Temperatures below this are greedy, as in vLLM: logits / 1e-6 can overflow float32 into inf - inf."""
+
+# Bounds on what one request may ask for: each keeps the per-step work of a request (the sampler's
+# masks, the stop-string scan on the engine thread) and its memory small, whatever a client sends.
+MAX_STOP_STRINGS = 64
+"""Most stop strings of one request (OpenAI allows 4, TGI's default is 4; vLLM sets no limit)."""
+MAX_STOP_STRING_CHARS = 1024
+"""Longest stop string, in characters: also the most text a stream holds back at once."""
+MAX_STOP_TOKEN_IDS = 1024
+"""Most stop token ids of one request (end_id included)."""
+MAX_BAD_WORDS = 256
+"""Most `bad_words` entries; each becomes up to two token sequences."""
+MAX_BAD_WORD_CHARS = 128
+"""Longest `bad_words` entry, in characters."""
+MAX_BAD_WORDS_IDS = 512
+"""Most `bad_words_ids` sequences given directly; resolving `bad_words` adds up to 2 per entry."""
+MAX_BAD_WORD_TOKENS = 1024
+"""Longest `bad_words_ids` sequence, in tokens: any bad word resolves within it (a 128-character
+word and its leading space are at most 516 byte-level tokens)."""
+MAX_LOGPROBS = 20
+"""Most alternatives `logprobs` may ask for per token (vLLM's default max_logprobs, OpenAI's
+top_logprobs limit)."""
 
 
 class _Encoder(Protocol):
@@ -24,7 +48,8 @@ class SamplingParams:
     """How to choose each next token and when to stop."""
 
     temperature: float = 0.0
-    """Softmax temperature. 0 means greedy (argmax); values > 0 sample from softmax(logits / t)."""
+    """Softmax temperature. 0 means greedy (argmax); values > 0 sample from softmax(logits / t).
+    Values below 1e-5 are greedy too (as in vLLM); it must be finite."""
 
     top_k: int = 0
     """Keep only the k most likely tokens before sampling. 0 or -1 disables the filter."""
@@ -42,7 +67,7 @@ class SamplingParams:
 
     repetition_penalty: float = 1.0
     """HF/CTRL penalty on tokens already in the prompt or output: positive logits are divided by
-    it, negative ones multiplied. 1.0 disables; > 1 discourages repetition."""
+    it, negative ones multiplied. 1.0 disables; > 1 discourages repetition. Range [0.01, 100]."""
 
     presence_penalty: float = 0.0
     """OpenAI presence penalty: subtracted once from the logit of every token already generated.
@@ -65,26 +90,29 @@ class SamplingParams:
 
     stop_token_ids: list[int] = field(default_factory=list)
     """Token ids that end the request (finish reason "stop"), in addition to EOS. The stop
-    token itself is not turned into text when it is a special token."""
+    token itself is not turned into text when it is a special token. At most 1024 ids, each in the
+    engine's vocabulary (:meth:`check_vocab`)."""
 
     stop: list[str] = field(default_factory=list)
     """Stop strings, matched across token boundaries. The output is cut before the match, which
-    is not returned unless ``include_stop_str_in_output``."""
+    is not returned unless ``include_stop_str_in_output``. At most 64, of at most 1024 characters."""
 
     bad_words: list[str] = field(default_factory=list)
     """Words or phrases that must never be generated. Turned into token ids by
-    :meth:`resolve_bad_words` (both with and without a leading space)."""
+    :meth:`resolve_bad_words` (both with and without a leading space). At most 256, of at most 128
+    characters."""
 
     bad_words_ids: list[list[int]] = field(default_factory=list)
     """Token sequences that must never be generated: filled from ``bad_words`` by
-    :meth:`resolve_bad_words`, or given directly (e.g. by a TensorRT-LLM-style client)."""
+    :meth:`resolve_bad_words`, or given directly (e.g. by a TensorRT-LLM-style client). At most 512
+    given (plus those resolved), of 1 to 1024 ids in the engine's vocabulary."""
 
     ignore_eos: bool = False
     """Keep generating past EOS (benchmarks use this for fixed output lengths)."""
 
     logprobs: int | None = None
     """None: no logprobs. 0: the log-probability of each chosen token. n > 0: also the n most
-    likely tokens with theirs. Values are log_softmax of the model's raw logits (before
+    likely tokens with theirs (n <= 20). Values are log_softmax of the model's raw logits (before
     penalties, temperature and filtering), as vLLM returns by default."""
 
     include_stop_str_in_output: bool = False
@@ -96,7 +124,7 @@ class SamplingParams:
     @property
     def is_greedy(self) -> bool:
         """True when the next token is the argmax of the (processed) logits."""
-        return self.temperature == 0.0
+        return self.temperature < _GREEDY_BELOW
 
     @property
     def has_penalties(self) -> bool:
@@ -120,7 +148,27 @@ class SamplingParams:
             if not valid:
                 expected = expected.format(max_tokens=self.max_tokens, max_seed=_MAX_SEED)
                 raise ValueError(
-                    f"SamplingParams.{name}={value!r} is invalid: it must be {expected}."
+                    f"SamplingParams.{name}={_short_repr(value)} is invalid: it must be {expected}."
+                )
+        return self
+
+    def check_vocab(self, vocab_size: int) -> "SamplingParams":
+        """Raise ValueError naming the first token id outside the engine's vocabulary
+        (0..vocab_size - 1) in ``stop_token_ids`` (a Triton request's ``end_id``) or
+        ``bad_words_ids``. The engine calls it at admission, after :meth:`validate`."""
+        for t in self.stop_token_ids:
+            if not 0 <= t < vocab_size:
+                raise ValueError(
+                    f"SamplingParams.stop_token_ids contains {t}, outside this model's vocabulary of "
+                    f"{vocab_size} tokens: a stop token id (or end_id) must be in 0..{vocab_size - 1}."
+                )
+        for seq in self.bad_words_ids:
+            bad = [t for t in seq if not 0 <= t < vocab_size]
+            if bad:
+                raise ValueError(
+                    f"SamplingParams.bad_words_ids contains {_short_repr(seq)} with token id {bad[0]}, "
+                    f"outside this model's vocabulary of {vocab_size} tokens: ids must be in "
+                    f"0..{vocab_size - 1}."
                 )
         return self
 
@@ -140,28 +188,49 @@ class SamplingParams:
         return self
 
 
+def _short_repr(value: object, limit: int = 200) -> str:
+    """repr() for an error message, cut short for a hostile value (a 1 MB stop string)."""
+    text = repr(value)
+    if len(text) <= limit:
+        return text
+    size = f", {len(value)} items" if isinstance(value, (list, tuple)) else ""
+    return f"{text[:limit]}... ({len(text)} characters{size})"
+
+
 def _is_int(value: object) -> bool:
     return isinstance(value, int) and not isinstance(value, bool)
 
 
-def _int_ids(ids: object) -> bool:
-    return isinstance(ids, (list, tuple)) and all(_is_int(t) and t >= 0 for t in ids)
+def _int_ids(ids: object, most: int) -> bool:
+    return (isinstance(ids, (list, tuple)) and len(ids) <= most
+            and all(_is_int(t) and t >= 0 for t in ids))
 
 
-def _nonempty_strs(items: object) -> bool:
+def _nonempty_strs(items: object, most: int, longest: int) -> bool:
     # A bare string would iterate as characters: demand a list so stop="###" is caught.
-    return isinstance(items, (list, tuple)) and all(isinstance(s, str) and s for s in items)
+    return (isinstance(items, (list, tuple)) and len(items) <= most
+            and all(isinstance(s, str) and 0 < len(s) <= longest for s in items))
+
+
+def _bad_words_ids(v: object, p: SamplingParams) -> bool:
+    # Checked again after resolve_bad_words (the sampler does): room for what bad_words resolved to.
+    return (isinstance(v, (list, tuple)) and len(v) <= MAX_BAD_WORDS_IDS + 2 * len(p.bad_words)
+            and all(seq and _int_ids(seq, MAX_BAD_WORD_TOKENS) for seq in v))
+
+
+def _is_bool(v: object) -> bool:
+    return isinstance(v, bool)
 
 
 # (field, predicate(value, params), what is accepted) — checked in this order by validate().
 _RULES = [
-    ("temperature", lambda v, p: v >= 0.0, ">= 0 (0 = greedy)"),
+    ("temperature", lambda v, p: 0.0 <= v <= _FLOAT32_MAX, "a finite number >= 0 (0 = greedy)"),
     ("top_k", lambda v, p: _is_int(v) and v >= -1, "an integer >= 1, or 0/-1 to disable"),
     ("top_p", lambda v, p: 0.0 < v <= 1.0, "in (0, 1] (1 = disabled)"),
     ("min_p", lambda v, p: 0.0 <= v <= 1.0, "in [0, 1] (0 = disabled)"),
     ("seed", lambda v, p: v is None or (_is_int(v) and 0 <= v <= _MAX_SEED),
      "None or an integer in [0, {max_seed}]"),
-    ("repetition_penalty", lambda v, p: v > 0.0, "> 0 (1 = disabled)"),
+    ("repetition_penalty", lambda v, p: 0.01 <= v <= 100.0, "in [0.01, 100] (1 = disabled)"),
     ("presence_penalty", lambda v, p: -2.0 <= v <= 2.0, "in [-2, 2] (0 = disabled)"),
     ("frequency_penalty", lambda v, p: -2.0 <= v <= 2.0, "in [-2, 2] (0 = disabled)"),
     ("max_tokens", lambda v, p: _is_int(v) and v >= 1, "an integer >= 1"),
@@ -169,12 +238,20 @@ _RULES = [
      "None (no deadline) or a finite number of seconds > 0"),
     ("min_tokens", lambda v, p: _is_int(v) and 0 <= v <= p.max_tokens,
      "an integer in [0, max_tokens={max_tokens}]"),
-    ("logprobs", lambda v, p: v is None or (_is_int(v) and v >= 0),
-     "None (off), 0 (chosen token only) or n > 0 (also the top n)"),
-    ("stop_token_ids", lambda v, p: _int_ids(v), "a list of non-negative token ids"),
-    ("stop", lambda v, p: _nonempty_strs(v), "a list of non-empty strings"),
-    ("bad_words", lambda v, p: _nonempty_strs(v), "a list of non-empty strings"),
-    ("bad_words_ids",
-     lambda v, p: isinstance(v, (list, tuple)) and all(seq and _int_ids(seq) for seq in v),
-     "a list of non-empty lists of non-negative token ids"),
+    ("logprobs", lambda v, p: v is None or (_is_int(v) and 0 <= v <= MAX_LOGPROBS),
+     f"None (off), 0 (chosen token only) or n in 1..{MAX_LOGPROBS} (also the top n)"),
+    ("stop_token_ids", lambda v, p: _int_ids(v, MAX_STOP_TOKEN_IDS),
+     f"a list of at most {MAX_STOP_TOKEN_IDS} non-negative token ids"),
+    ("stop", lambda v, p: _nonempty_strs(v, MAX_STOP_STRINGS, MAX_STOP_STRING_CHARS),
+     f"a list of at most {MAX_STOP_STRINGS} non-empty strings of at most {MAX_STOP_STRING_CHARS} "
+     "characters each"),
+    ("bad_words", lambda v, p: _nonempty_strs(v, MAX_BAD_WORDS, MAX_BAD_WORD_CHARS),
+     f"a list of at most {MAX_BAD_WORDS} non-empty strings of at most {MAX_BAD_WORD_CHARS} "
+     "characters each"),
+    ("bad_words_ids", _bad_words_ids,
+     f"a list of at most {MAX_BAD_WORDS_IDS} (plus 2 per bad_words entry) lists of 1 to "
+     f"{MAX_BAD_WORD_TOKENS} non-negative token ids"),
+    ("ignore_eos", lambda v, p: _is_bool(v), "True or False"),
+    ("include_stop_str_in_output", lambda v, p: _is_bool(v), "True or False"),
+    ("skip_special_tokens", lambda v, p: _is_bool(v), "True or False"),
 ]

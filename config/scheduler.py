@@ -52,13 +52,16 @@ class SchedulerConfig:
     enable_prefix_caching: bool = True
     """Reuse the KV of full blocks shared with earlier prompts (chained SHA-256 block keys; a hit
     is checked against the block's tokens)."""
-    max_queue_size: int = 0
+    max_queue_size: int = 4096
     """Most requests waiting for their first admission (0: unbounded). A request beyond it is
     refused at once with "server busy, retry later" instead of queueing; preempted requests do
-    not count (they resume first)."""
-    max_queued_tokens: int = 0
+    not count (they resume first). The default, 16 batches of 256, bounds a flood's memory and
+    backlog without refusing a benchmark's burst; set it lower for a latency target."""
+    max_queued_tokens: int = 4_194_304
     """Most prompt tokens of the requests waiting for their first admission (0: unbounded; else at
-    least max_seq_len - 1, the longest prompt). Beyond it a request is refused like above."""
+    least max_seq_len - 1, the longest prompt). Beyond it a request is refused like above. The
+    default (4M tokens, a few hundred MB of token lists) is raised to max_seq_len - 1 for an
+    engine whose longest prompt is longer."""
     max_seq_len: int = 4096
     """Most tokens of one sequence, prompt + output (from the engine)."""
     block_size: int = 32
@@ -89,6 +92,9 @@ class SchedulerConfig:
         cls.refuse_engine_fields(overrides)
         # The engine's own values win over any engine field recorded among the scheduling ones.
         recorded = {k: v for k, v in scheduling.items() if k not in cls.ENGINE_FIELDS}
+        if "max_queued_tokens" not in recorded and "max_queued_tokens" not in overrides:
+            # The default bound must admit the engine's longest prompt.
+            engine["max_queued_tokens"] = max(cls.max_queued_tokens, engine["max_seq_len"] - 1)
         return cls(**engine).with_overrides(**{**recorded, **overrides})
 
     @classmethod

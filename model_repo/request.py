@@ -6,13 +6,15 @@ docs/serving.md:
 
 * `stop_words` / `bad_words`: each string element is read as one CSV line, as TensorRT-LLM's
   preprocessing does (`"foo,bar"` is two words, `'"a,b"'` one word containing a comma).
-* `end_id` adds a stop token; the model's EOS still ends the request too.
+* `end_id` adds a stop token; the model's EOS still ends the request too. It must be a token id
+  of the model's vocabulary (the engine refuses one beyond it, naming it).
 * `top_p == 0` means "no nucleus filter", as in TensorRT-LLM (our SamplingParams spells it 1.0).
 * `timeout_s` (a trtforge input): seconds until the engine aborts the request; 0 means no
   deadline, like Triton's own request timeout.
 * `pad_id` and `length_penalty` are accepted and have no effect (packed batches have no padding;
-  there is no beam search). `beam_width` / `num_return_sequences` other than 1 and
-  `return_context_logits` / `return_generation_logits` are refused with an error.
+  there is no beam search); `pad_id` must still be a token id >= 0. `beam_width` /
+  `num_return_sequences` other than 1 and `return_context_logits` / `return_generation_logits`
+  are refused with an error.
 """
 
 from __future__ import annotations
@@ -91,6 +93,19 @@ def parse_words(arr: np.ndarray | None, name: str) -> list[str]:
     return words
 
 
+def _token_id(inputs: Mapping[str, np.ndarray], name: str) -> int | None:
+    """end_id / pad_id: an integer token id >= 0 (the engine checks it against its vocabulary)."""
+    value = _scalar(inputs, name)
+    if value is None:
+        return None
+    if (isinstance(value, float) and not value.is_integer()) or isinstance(value, (bytes, str)):
+        raise ValueError(f"{name}={value!r} is invalid: it must be an integer token id.")
+    if int(value) < 0:
+        raise ValueError(f"{name}={value} is invalid: it must be a token id >= 0 of the model's "
+                         "vocabulary.")
+    return int(value)
+
+
 def _refuse_unsupported(inputs: Mapping[str, np.ndarray]) -> None:
     for name in ("beam_width", "num_return_sequences"):
         value = _scalar(inputs, name)
@@ -126,9 +141,10 @@ def parse_request(inputs: Mapping[str, np.ndarray], exclude_input_default: bool 
     timeout_s = _scalar(inputs, "timeout_s")
     if timeout_s is not None and float(timeout_s) != 0.0:
         kwargs["timeout_s"] = float(timeout_s)
-    end_id = _scalar(inputs, "end_id")
+    end_id = _token_id(inputs, "end_id")
     if end_id is not None:
-        kwargs["stop_token_ids"] = [int(end_id)]
+        kwargs["stop_token_ids"] = [end_id]
+    _token_id(inputs, "pad_id")  # checked, unused
     kwargs["stop"] = parse_words(inputs.get("stop_words"), "stop_words")
     kwargs["bad_words"] = parse_words(inputs.get("bad_words"), "bad_words")
     return_log_probs = bool(_scalar(inputs, "return_log_probs") or False)

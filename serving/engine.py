@@ -189,10 +189,13 @@ class LLMEngine:
                     request_id: str | None = None, arrival_time: float | None = None) -> str:
         """Generation phase: continue a request whose prompt KV and first token a context engine
         computed (`handle`: its KVHandle). The KV is copied in when the request is admitted; the
-        first token's text is not sent again. Errors as add_request; the handle is released on
-        any error (the context side frees its blocks)."""
+        first token's text is not sent again. Errors as add_request; a handle the connector
+        refuses (forged, replayed, foreign, out of range: ValueError) is left alone (it may be
+        someone else's), one refused later is released (the context side frees its blocks)."""
         if self.phase is not Phase.GENERATION:
             raise ValueError(f"add_handoff needs an engine in the generation phase (this one: {self.phase})")
+        self.connector.check_handoff(handle, vocab_size=self.engine_config.model.vocab_size,
+                                     max_seq_len=self.scheduler_config.max_seq_len)
         try:
             return self._admit(list(handle.prompt_token_ids), params, request_id, arrival_time, handle)
         except BaseException:
@@ -202,8 +205,10 @@ class LLMEngine:
     def _admit(self, prompt: str | list[int], params: SamplingParams | None, request_id: str | None,
                arrival_time: float | None, handoff: KVHandle | None = None) -> str:
         """The one admission path: validate, build the request's state, queue its Sequence.
-        `handoff`: the request continues from a context engine's prefill and first token."""
+        `handoff`: the request continues from a context engine's prefill and first token (one
+        the connector's check_handoff accepted, in add_handoff)."""
         params = (params or SamplingParams()).validate()
+        params.check_vocab(self.engine_config.model.vocab_size)  # ids the sampler could not mask
         if params.bad_words:
             params = params.resolve_bad_words(self.tokenizer)
         ids = self._encode(prompt)
@@ -220,8 +225,6 @@ class LLMEngine:
                                  f"{max_tokens} exceeds max_seq_len={limit}; send max_tokens <= "
                                  f"{limit - len(ids)} for this prompt, or shorten the prompt")
             max_tokens = 1
-        if handoff is not None:
-            self.connector.check_handoff(handoff)
         state = SamplingState(params=params, prompt_token_ids=ids, eos_token_ids=self._eos,
                               seed=handoff.seed if handoff is not None else None)
         req = _Request(rid, len(ids), state,
@@ -229,7 +232,10 @@ class LLMEngine:
                        StopChecker(self.scheduler_config.max_seq_len), RequestMetrics(arrival))
         if handoff is not None:
             first = int(handoff.first_token)
-            state.restore_generator(handoff.generator_state)
+            try:
+                state.restore_generator(handoff.generator_state)
+            except (RuntimeError, ValueError) as exc:  # a state of another torch build
+                raise ValueError(f"the handoff's generator state cannot be restored: {exc}") from None
             state.output_token_ids.append(first)
             req.cum_logprob, req.kv_handle = handoff.cum_logprob, handoff
             # Replay the first token (its text went out from the context side) so the detokenizer
@@ -305,17 +311,33 @@ class LLMEngine:
             m = self._requests[chunk.seq_id].metrics
             m.first_scheduled_time = m.first_scheduled_time or now
         try:
-            sampled, logprobs = self._execute(sched)
+            sampled, logprobs, failed = self._execute(sched)
         except Exception as exc:  # noqa: BLE001 - a failing batch fails its requests, never the engine
             for chunk in sched.chunks:
                 if chunk.seq_id in self._requests:
                     self.abort(chunk.seq_id, FinishReason.ERROR, f"{type(exc).__name__}: {exc}")
             return outputs + self._drain_pending()
-        self.scheduler.update(sched, sampled)
+        for rid, error in failed.items():  # rows the sampler could not serve fail alone
+            self.abort(rid, FinishReason.ERROR, f"request {rid} failed: {error}")
+        self.scheduler.update(sched, sampled)  # skips the aborted ones
         done = time.monotonic()
         for rid, token in sampled.items():
-            outputs.append(self._on_token(self._requests[rid], token, logprobs.get(rid), done))
-        return outputs
+            outputs.append(self._on_token_or_fail(self._requests[rid], token, logprobs.get(rid), done))
+        return outputs + self._drain_pending()
+
+    def _on_token_or_fail(self, req: _Request, token: int, logprob: Logprob | None,
+                          now: float) -> RequestOutput:
+        """`_on_token`, except that an exception there (detokenizing, stop checking) fails this
+        request alone, with finish reason error."""
+        try:
+            return self._on_token(req, token, logprob, now)
+        except Exception as exc:  # noqa: BLE001 - one request's failure must not fail the batch
+            try:
+                self.scheduler.finish(req.request_id, _STATUS[FinishReason.ERROR])
+            except ValueError:
+                pass  # the scheduler had finished it before the exception
+            return self._finish(req, FinishReason.ERROR, [], "",
+                                error=f"request {req.request_id} failed: {type(exc).__name__}: {exc}")
 
     def _expire_deadlines(self) -> None:
         """Abort the requests past their deadline, waiting or running, freeing their KV blocks."""
@@ -351,19 +373,20 @@ class LLMEngine:
         out, self._pending = self._pending, []
         return out
 
-    def _execute(self, sched: SchedulerOutput) -> tuple[dict[str, int], dict[str, Logprob]]:
-        """Run the batch and sample: {request id: token} and, where requested, {request id:
-        logprob}."""
+    def _execute(self, sched: SchedulerOutput) -> tuple[dict[str, int], dict[str, Logprob], dict[str, str]]:
+        """Run the batch and sample: {request id: token}, where requested {request id: logprob},
+        and {request id: error} for the requests the sampler could not serve (they get no token)."""
         inputs = prepare_inputs(sched, self.scheduler_config.block_size, self.executor.device)
         logits = self.executor.execute(inputs)  # always: a non-sampling prefill chunk still writes KV
         if not inputs.sample_seq_ids:
-            return {}, {}
-        states = [self._requests[i].sampling for i in inputs.sample_seq_ids]
-        result = self.sampler.sample(logits, states)
-        sampled = dict(zip(inputs.sample_seq_ids, result.token_ids))
-        logprobs = {i: (lp, top) for i, lp, top in zip(inputs.sample_seq_ids, result.logprobs,
-                                                         result.top_logprobs) if lp is not None}
-        return sampled, logprobs
+            return {}, {}, {}
+        ids = inputs.sample_seq_ids
+        result = self.sampler.sample(logits, [self._requests[i].sampling for i in ids])
+        failed = {ids[row]: error for row, error in result.errors.items()}
+        sampled = {i: t for i, t in zip(ids, result.token_ids) if i not in failed}
+        logprobs = {i: (lp, top) for i, lp, top in zip(ids, result.logprobs, result.top_logprobs)
+                    if lp is not None and i not in failed}
+        return sampled, logprobs, failed
 
     def _on_token(self, req: _Request, token: int, logprob: Logprob | None, now: float) -> RequestOutput:
         m = req.metrics
@@ -434,30 +457,41 @@ class LLMEngine:
     def generate(self, prompts: Iterable[str | list[int]],
                  params: SamplingParams | list[SamplingParams] | None = None) -> list[RequestOutput]:
         """Run prompts together to completion; final outputs in input order (with the logprobs of
-        all output tokens when requested)."""
-        prompts = list(prompts)
-        plist = params if isinstance(params, list) else [params] * len(prompts)
+        all output tokens when requested). Prompts are queued as the waiting queue takes them
+        (max_queue_size / max_queued_tokens): more prompts than it holds wait their turn here
+        instead of being refused. A bad prompt withdraws every request of the call and raises."""
+        todo = iter(zip(prompts, params if isinstance(params, list) else itertools.repeat(params)))
+        nxt = next(todo, None)
         rids: list[str] = []
+        final: dict[str, RequestOutput] = {}
+        lps: dict[str, list[float]] = {}
+        tops: dict[str, list[TopLogprobs]] = {}
         try:
-            for p, sp in zip(prompts, plist):
-                rids.append(self.add_request(p, sp))
-        except (ValueError, EngineOverloaded):  # withdraw the ones already queued, then report
+            while nxt is not None or len(final) < len(rids):
+                while nxt is not None:
+                    try:
+                        rid = self.add_request(*nxt)
+                    except EngineOverloaded:
+                        if not self.has_unfinished():  # nothing will make room for it
+                            raise
+                        break  # step, then queue the rest
+                    rids.append(rid)
+                    lps[rid], tops[rid] = [], []
+                    nxt = next(todo, None)
+                for out in self.step():
+                    if out.logprobs is not None and out.request_id in lps:
+                        lps[out.request_id] += out.logprobs
+                        tops[out.request_id] += out.top_logprobs or []
+                    if out.finished:
+                        if lps.get(out.request_id):  # the final output carries every token's logprobs
+                            out.logprobs, out.top_logprobs = lps[out.request_id], tops[out.request_id]
+                        final[out.request_id] = out
+        except (ValueError, EngineOverloaded):  # withdraw the ones queued or running, then report
             for rid in rids:
-                self.abort(rid)
+                if rid not in final:
+                    self.abort(rid)
             self._pending.clear()
             raise
-        final: dict[str, RequestOutput] = {}
-        lps: dict[str, list[float]] = {r: [] for r in rids}
-        tops: dict[str, list[TopLogprobs]] = {r: [] for r in rids}
-        while len(final) < len(rids):
-            for out in self.step():
-                if out.logprobs is not None and out.request_id in lps:
-                    lps[out.request_id] += out.logprobs
-                    tops[out.request_id] += out.top_logprobs or []
-                if out.finished:
-                    if lps.get(out.request_id):  # the final output carries every token's logprobs
-                        out.logprobs, out.top_logprobs = lps[out.request_id], tops[out.request_id]
-                    final[out.request_id] = out
         return [final[r] for r in rids]
 
     def stream(self, prompt: str | list[int], params: SamplingParams | None = None) -> Iterator[RequestOutput]:

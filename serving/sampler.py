@@ -9,6 +9,13 @@ Pipeline per row (the order matters and follows vLLM/HF):
 
 A batch where every row is plain greedy (no penalties, masks) is one ``argmax`` call.
 
+One request never fails the batch: a row whose parameters the batched pipeline cannot take (a
+token id outside the vocabulary, a NaN temperature: what admission refuses, checked again here
+once per request in case a caller bypassed it) or whose logits leave nothing to sample (every
+token masked) gets an error in ``SamplerOutput.errors`` instead of a token, and the other rows are
+sampled as if it were not there. Should the batch still raise, every row is sampled alone and
+only the rows that raise fail.
+
 Random rows use the *exponential race*: ``argmax(p / E)`` with ``E ~ Exp(1)`` i.i.d. picks token
 i with probability p_i (the Gumbel-max trick in another guise). Each row draws its ``E`` from its
 request's own ``torch.Generator``, always V numbers per step, so a seeded request samples the same
@@ -48,6 +55,7 @@ class SamplingState:
     kept here so a run can be reproduced."""
 
     _generator: torch.Generator | None = field(default=None, init=False, repr=False)
+    _checked: tuple[int, str | None] | None = field(default=None, init=False, repr=False)
 
     def __post_init__(self) -> None:
         if self.seed is None:
@@ -77,6 +85,19 @@ class SamplingState:
         self._generator = torch.Generator(device="cpu")
         self._generator.set_state(torch.tensor(list(bytes.fromhex(state)), dtype=torch.uint8))
 
+    def row_error(self, vocab_size: int) -> str | None:
+        """Why this request cannot be sampled from logits of ``vocab_size`` columns (None: it
+        can). Its parameters are checked as admission does (validate, check_vocab), once per
+        vocabulary size: the defence for a state built without going through the engine."""
+        if self._checked is None or self._checked[0] != vocab_size:
+            try:
+                self.params.validate().check_vocab(vocab_size)
+                error = None
+            except (ValueError, TypeError) as exc:
+                error = str(exc)
+            self._checked = (vocab_size, error)
+        return self._checked[1]
+
     @property
     def min_tokens_pending(self) -> bool:
         """True while fewer than ``min_tokens`` tokens have been generated."""
@@ -104,26 +125,98 @@ class SamplerOutput:
     """The ``params.logprobs`` most likely (token id, logprob) pairs, most likely first; [] for
     ``logprobs=0`` and None where logprobs are off."""
 
+    errors: dict[int, str] = field(default_factory=dict)
+    """{row: why it has no token}: rows that failed alone (token id -1, no logprobs); the caller
+    fails their requests and keeps the other rows' tokens."""
+
 
 class Sampler:
     """Stateless: all per-request state lives in :class:`SamplingState`."""
 
     def sample(self, logits: torch.Tensor, states: list[SamplingState]) -> SamplerOutput:
-        """Pick one token per row of ``logits`` [N, V] (float32) for ``states`` [N]."""
+        """Pick one token per row of ``logits`` [N, V] (float32) for ``states`` [N]; a row that
+        cannot be sampled gets an entry in ``errors`` instead (see the module docstring)."""
         if logits.dim() != 2 or logits.shape[0] != len(states):
             raise ValueError(
                 f"logits must be [num_seqs, vocab] with one row per state; got shape "
                 f"{tuple(logits.shape)} for {len(states)} states."
             )
-        logits = logits.float()
-        raw_logprobs = None
-        if any(s.params.logprobs is not None for s in states):
-            raw_logprobs = torch.log_softmax(logits, dim=-1)
-        if all(s.is_plain_greedy for s in states):
-            token_ids = logits.argmax(dim=-1)  # the fast path: one kernel for the whole batch
+        errors = {}
+        for i, state in enumerate(states):
+            error = state.row_error(logits.shape[1])
+            if error is not None:
+                errors[i] = f"the request's sampling parameters are invalid for this engine: {error}"
+        if not errors:
+            try:
+                return _sample_batch(logits, states)
+            except Exception:  # noqa: BLE001 - one row's failure must not fail the others: isolate
+                return _merge(len(states), [_sample_alone(logits, states, i) for i in range(len(states))])
+        rows = [i for i in range(len(states)) if i not in errors]
+        parts: list[tuple[int, SamplerOutput | str]] = list(errors.items())
+        if rows:
+            sub = logits[torch.tensor(rows, device=logits.device)]
+            try:
+                out = _sample_batch(sub, [states[i] for i in rows])
+                parts += [(i, _row(out, r)) for r, i in enumerate(rows)]
+            except Exception:  # noqa: BLE001 - as above: sample each remaining row alone
+                parts += [_sample_alone(sub, [states[i] for i in rows], r, i) for r, i in enumerate(rows)]
+        return _merge(len(states), parts)
+
+
+_Check = tuple[list[int], torch.Tensor, str]
+"""(rows, a bool per row: was its token possible, why not): read back after the tokens, so that
+the checks add no wait for the device."""
+
+
+def _sample_batch(logits: torch.Tensor, states: list[SamplingState]) -> SamplerOutput:
+    """The batched pipeline over rows whose parameters are valid; ``errors`` holds rows left
+    with nothing to sample."""
+    logits = logits.float()
+    raw_logprobs = None
+    if any(s.params.logprobs is not None for s in states):
+        raw_logprobs = torch.log_softmax(logits, dim=-1)
+    checks: list[_Check] = []
+    if all(s.is_plain_greedy for s in states):
+        token_ids = logits.argmax(dim=-1)  # the fast path: one kernel for the whole batch
+    else:
+        token_ids = _choose(process_logits(logits, states), states, checks)
+    out = _make_output(token_ids, raw_logprobs, states)  # reads the tokens back: the device is done
+    for rows, ok, why in checks:
+        for i, fine in zip(rows, ok.tolist()):
+            # A plain greedy row is not failed here: the fast path, without masks, never checks.
+            if not fine and i not in out.errors and not states[i].is_plain_greedy:
+                out.errors[i] = why
+                out.token_ids[i], out.logprobs[i], out.top_logprobs[i] = -1, None, None
+    return out
+
+
+def _sample_alone(logits: torch.Tensor, states: list[SamplingState], r: int,
+                  row: int | None = None) -> tuple[int, SamplerOutput | str]:
+    """(row, its one-row output or its error): row ``r`` of ``logits`` sampled by itself."""
+    row = r if row is None else row
+    try:
+        return row, _row(_sample_batch(logits[r:r + 1], [states[r]]), 0)
+    except Exception as exc:  # noqa: BLE001 - this row fails, alone
+        return row, f"sampling failed: {type(exc).__name__}: {exc}"
+
+
+def _row(out: SamplerOutput, r: int) -> SamplerOutput | str:
+    """Row ``r`` of a batch's output as a one-row output, or its error."""
+    if r in out.errors:
+        return out.errors[r]
+    return SamplerOutput([out.token_ids[r]], [out.logprobs[r]], [out.top_logprobs[r]])
+
+
+def _merge(n: int, parts: list[tuple[int, SamplerOutput | str]]) -> SamplerOutput:
+    """One output of ``n`` rows from (row, one-row output or error) pairs."""
+    merged = SamplerOutput([-1] * n, [None] * n, [None] * n)
+    for i, part in parts:
+        if isinstance(part, str):
+            merged.errors[i] = part
         else:
-            token_ids = _choose(process_logits(logits, states), states)
-        return _make_output(token_ids, raw_logprobs, states)
+            merged.token_ids[i], merged.logprobs[i] = part.token_ids[0], part.logprobs[0]
+            merged.top_logprobs[i] = part.top_logprobs[0]
+    return merged
 
 
 def process_logits(logits: torch.Tensor, states: list[SamplingState]) -> torch.Tensor:
@@ -145,10 +238,11 @@ def _apply_bad_words(logits: torch.Tensor, states: list[SamplingState]) -> None:
     rows, cols = [], []
     for i, state in enumerate(states):
         out = state.output_token_ids
+        last = out[-1] if out else None
         for seq in state.params.bad_words_ids:
             prefix_len = len(seq) - 1
             if prefix_len == 0 or (
-                len(out) >= prefix_len and out[len(out) - prefix_len:] == seq[:-1]
+                seq[-2] == last and len(out) >= prefix_len and out[len(out) - prefix_len:] == seq[:-1]
             ):
                 rows.append(i)
                 cols.append(seq[-1])
@@ -158,12 +252,13 @@ def _apply_bad_words(logits: torch.Tensor, states: list[SamplingState]) -> None:
 def _apply_min_tokens(logits: torch.Tensor, states: list[SamplingState]) -> None:
     """Forbid EOS and stop tokens until ``min_tokens`` tokens exist."""
     rows, cols = [], []
+    vocab = logits.shape[1]
     for i, state in enumerate(states):
         if not state.min_tokens_pending:
             continue
         banned = set(state.params.stop_token_ids)
-        if not state.params.ignore_eos:
-            banned.update(state.eos_token_ids)
+        if not state.params.ignore_eos:  # an EOS id beyond the logits can never be drawn anyway
+            banned.update(t for t in state.eos_token_ids if 0 <= t < vocab)
         rows += [i] * len(banned)
         cols += sorted(banned)
     _fill(logits, rows, cols)
@@ -216,14 +311,21 @@ def _count(id_lists, vocab: int, device: torch.device) -> torch.Tensor:
     return counts[:, :vocab]
 
 
-def _choose(logits: torch.Tensor, states: list[SamplingState]) -> torch.Tensor:
-    """Argmax for greedy rows, the exponential race for the others."""
+_NOTHING_TO_SAMPLE = ("no token can be sampled: every token of the vocabulary is masked (bad_words_ids, "
+                      "or stop_token_ids / EOS while min_tokens is pending) or the logits are not finite")
+
+
+def _choose(logits: torch.Tensor, states: list[SamplingState], checks: list[_Check]) -> torch.Tensor:
+    """Argmax for greedy rows, the exponential race for the others. Adds to ``checks`` whether
+    each row's chosen token was possible at all (a finite logit, a probability > 0): O(rows)."""
     token_ids = torch.empty(len(states), dtype=torch.long, device=logits.device)
     greedy = [i for i, s in enumerate(states) if s.params.is_greedy]
     rand = [i for i, s in enumerate(states) if not s.params.is_greedy]
     if greedy:
         rows = torch.tensor(greedy, device=logits.device)
-        token_ids[rows] = logits[rows].argmax(dim=-1)
+        chosen = logits[rows].argmax(dim=-1)
+        token_ids[rows] = chosen
+        checks.append((greedy, logits[rows, chosen] > _NEG_INF, _NOTHING_TO_SAMPLE))  # NaN: False
     if rand:
         rows = torch.tensor(rand, device=logits.device)
         probs = sampling_probs(logits[rows], [states[i].params for i in rand])
@@ -232,7 +334,10 @@ def _choose(logits: torch.Tensor, states: list[SamplingState]) -> torch.Tensor:
             race[r].exponential_(generator=states[i].generator_for(logits.device))
         # An exact 0 draw would make 0/0 = NaN win the argmax for a masked token.
         race.clamp_(min=torch.finfo(race.dtype).tiny)
-        token_ids[rows] = (probs / race).argmax(dim=-1)
+        chosen = (probs / race).argmax(dim=-1)
+        token_ids[rows] = chosen
+        p = probs[torch.arange(len(rand), device=logits.device), chosen]
+        checks.append((rand, torch.isfinite(p) & (p > 0), _NOTHING_TO_SAMPLE))
     return token_ids
 
 

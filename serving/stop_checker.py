@@ -7,6 +7,11 @@ break it (the held text is sent). So a client never sees text that is later retr
 holds back at most ``len(longest stop string) - 1`` characters, only while they could still
 become a match.
 
+The scan is linear in the new text: each stop string runs a Knuth-Morris-Pratt automaton whose
+state (the length of the stop's prefix the output currently ends with) persists between tokens,
+so a step costs O(len(delta) x number of stop strings), whatever the length of the output or of
+the stop strings (SamplingParams bounds both: MAX_STOP_STRINGS, MAX_STOP_STRING_CHARS).
+
 Intended use by the engine, per new token of a request::
 
     state.output_token_ids.append(token)
@@ -36,6 +41,7 @@ class StopChecker:
         """What ended the request with finish reason STOP: the matched stop string, or the
         stop token id (EOS included); None otherwise."""
         self._held = ""
+        self._matcher: _StopMatcher | None = None
 
     def check(self, state: SamplingState, new_token_id: int,
               delta: str) -> tuple[FinishReason | None, str]:
@@ -55,7 +61,9 @@ class StopChecker:
         params = state.params
         may_stop = len(outputs) > params.min_tokens
         if may_stop and params.stop:
-            text, matched = self._scan(delta, params.stop, params.include_stop_str_in_output)
+            if self._matcher is None or self._matcher.stops is not params.stop:
+                self._matcher = _StopMatcher(params.stop)  # once per request: O(total stop length)
+            text, matched = self._scan(delta, params.include_stop_str_in_output)
             if matched is not None:
                 self.stop_reason = matched
                 return FinishReason.STOP, text
@@ -79,29 +87,78 @@ class StopChecker:
         text, self._held = self._held + extra, ""
         return text
 
-    def _scan(self, delta: str, stops: list[str], include_stop: bool) -> tuple[str, str | None]:
+    def _scan(self, delta: str, include_stop: bool) -> tuple[str, str | None]:
         """Find the earliest stop string in held + delta; hold back a possible partial match."""
         buf = self._held + delta
-        best: tuple[int, str] | None = None
-        for stop in stops:
-            at = buf.find(stop)
-            if at != -1 and (best is None or at < best[0]):
-                best = (at, stop)
+        best = self._matcher.feed(delta, len(self._held))
         if best is not None:
             at, stop = best
             self._held = ""
             return buf[: at + len(stop)] if include_stop else buf[:at], stop
-        keep = _partial_match_len(buf, stops)
+        keep = self._matcher.partial  # <= len(buf): the held text grows by at most the delta
         self._held = buf[len(buf) - keep:] if keep else ""
         return buf[: len(buf) - keep], None
 
 
-def _partial_match_len(text: str, stops: list[str]) -> int:
-    """Length of the longest suffix of ``text`` that is a proper prefix of some stop string."""
-    longest = 0
-    for stop in stops:
-        for n in range(min(len(stop) - 1, len(text)), longest, -1):
-            if text.endswith(stop[:n]):
-                longest = n
-                break
-    return longest
+class _StopMatcher:
+    """The stop strings of one request, each with its KMP automaton and current state."""
+
+    def __init__(self, stops: list[str]) -> None:
+        self.stops = stops
+        """The list the automata were built from (the request's ``params.stop``)."""
+        self._fail = [_failure_function(stop) for stop in stops]
+        self._state = [0] * len(stops)
+
+    @property
+    def partial(self) -> int:
+        """Length of the longest suffix of the text so far that is a proper prefix of a stop
+        string: what must be held back."""
+        return max(self._state, default=0)
+
+    def feed(self, text: str, base: int) -> tuple[int, str] | None:
+        """Advance every automaton over ``text``, which starts at ``base`` in the caller's
+        buffer: the (start in that buffer, stop string) of the earliest-starting match that ends
+        in ``text`` (ties: the first stop string listed), or None."""
+        best: tuple[int, str] | None = None
+        for k, stop in enumerate(self.stops):
+            end = self._advance(k, text)
+            if end is not None:
+                start = base + end + 1 - len(stop)
+                if best is None or start < best[0]:
+                    best = (start, stop)
+        return best
+
+    def _advance(self, k: int, text: str) -> int | None:
+        """Run stop ``k``'s automaton over ``text``: the index in ``text`` where its first match
+        ends, or None (its state is then the length of its prefix that the text ends with)."""
+        stop, fail, q = self.stops[k], self._fail[k], self._state[k]
+        first, i, n = stop[0], 0, len(text)
+        while i < n:
+            if q == 0:  # not inside a partial match: jump to the next possible start, in C
+                i = text.find(first, i)
+                if i == -1:
+                    break
+            ch = text[i]
+            while q and stop[q] != ch:
+                q = fail[q - 1]
+            if stop[q] == ch:
+                q += 1
+                if q == len(stop):
+                    self._state[k] = q
+                    return i
+            i += 1
+        self._state[k] = q
+        return None
+
+
+def _failure_function(stop: str) -> list[int]:
+    """KMP: ``fail[i]`` is the length of the longest proper prefix of ``stop[:i + 1]`` that is
+    also its suffix."""
+    fail, k = [0] * len(stop), 0
+    for i in range(1, len(stop)):
+        while k and stop[i] != stop[k]:
+            k = fail[k - 1]
+        if stop[i] == stop[k]:
+            k += 1
+        fail[i] = k
+    return fail

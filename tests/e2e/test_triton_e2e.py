@@ -156,6 +156,12 @@ def test_bad_requests_fail_alone_while_good_ones_finish(served):
         # Refused, never shortened: the message gives the most this prompt may ask for.
         (lambda: "".join(client.stream_grpc(url, "hi", 10**6)),
          rf"max_tokens=1000000 exceeds max_seq_len={served.max_seq_len}; send max_tokens <= \d+"),
+        # Hostile sampling values: each request fails alone, naming the value.
+        (lambda: "".join(client.stream_grpc(url, "hi", 4, end_id=10**9, min_tokens=1)),
+         "stop_token_ids contains 1000000000, outside this model's vocabulary"),
+        (lambda: "".join(client.stream_grpc(url, "hi", 4, stop_words=[",".join(f"s{i}" for i in range(100))])),
+         "at most 64 non-empty strings"),
+        (lambda: "".join(client.stream_grpc(url, "hi", 4, temperature=float("nan"))), "temperature=nan"),
     ]
     good = [lambda p=p: "".join(client.stream_grpc(url, p, MAX_TOKENS)) for p in PROMPTS]
     fail_alone(bad, good, [served.expected[p] for p in PROMPTS])

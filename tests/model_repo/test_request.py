@@ -28,6 +28,7 @@ def test_sampling_inputs_map_to_params():
     assert (p.temperature, p.top_k, p.seed, p.min_tokens) == (0.5, 3, 2**63 + 5, 2)
     assert p.top_p == pytest.approx(0.9) and p.repetition_penalty == pytest.approx(1.2)
     assert p.stop_token_ids == [7] and p.logprobs == 0
+    assert parse_request(request_arrays("x", 2, end_id=0, pad_id=0)).params.stop_token_ids == [0]
     assert req.stream and req.return_log_probs and req.exclude_input
 
 
@@ -56,6 +57,13 @@ def test_stop_and_bad_words_are_csv_lines():
     (request_arrays("x", 4, beam_width=2), "beam_width=2 is not supported"),
     (request_arrays("x", 4, return_generation_logits=True), "return_generation_logits"),
     (request_arrays("x", 4, timeout_s=-1.0), "timeout_s=-1.0 is invalid"),
+    (request_arrays("x", 4, end_id=-1), "end_id=-1 is invalid: it must be a token id >= 0"),
+    (request_arrays("x", 4, pad_id=-5), "pad_id=-5 is invalid"),
+    (request_arrays("x", 4, temperature=float("nan")), "SamplingParams.temperature=nan is invalid"),
+    (request_arrays("x", 4, stop_words=[",".join(f"s{i}" for i in range(100))]),
+     "SamplingParams.stop=.*at most 64 non-empty strings"),
+    (request_arrays("x", 4, stop_words=["x" * 5000]), "at most 1024 characters each"),
+    (request_arrays("x", 4, bad_words=["w" * 300]), "SamplingParams.bad_words=.*at most 128 characters"),
     ({"text_input": np.array([[b"x"]], dtype=object)}, "max_tokens is required"),
     ({"text_input": np.array([[b"a"], [b"b"]], dtype=object),
       "max_tokens": np.array([[1], [1]], dtype=np.int32)}, "one prompt per request"),

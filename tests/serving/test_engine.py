@@ -3,6 +3,7 @@ bad requests and logprobs (checked against Hugging Face transformers on the same
 
 from __future__ import annotations
 
+import dataclasses
 import time
 
 import pytest
@@ -14,6 +15,7 @@ from trtforge.builder.build import build_engine
 from trtforge.builder.build_config import BuildConfig
 from trtforge.cli.main import main
 from trtforge.config.sampling import SamplingParams
+from trtforge.config.scheduler import SchedulerConfig
 from trtforge.serving.core import kv_cache_manager
 from trtforge.serving.core.scheduler import EngineOverloaded
 from trtforge.serving.engine import LLMEngine
@@ -138,6 +140,18 @@ def test_full_queue_refuses_at_once_and_admitted_requests_finish(dirs, engine):
     assert stats.requests_refused_total == 1 and stats.kv_blocks_used == 0
 
 
+def test_generate_queues_more_prompts_than_the_waiting_queue_holds(dirs, engine):
+    prompts = [PROMPT, "Hello, world!", "a b c", PROMPT, "Hello, world!"]
+    want = [o.output_token_ids for o in engine.generate(prompts, greedy(6))]
+    small = LLMEngine.from_engine_dir(dirs[1], max_batch_size=1, max_queue_size=2)
+    outs = small.generate(prompts, greedy(6))  # 5 prompts through a queue of 2: they wait their turn
+    assert [o.output_token_ids for o in outs] == want
+    assert small.stats().requests_refused_total > 0 and small.stats().kv_blocks_used == 0
+    with pytest.raises(ValueError, match="empty"):  # a bad prompt late in the list withdraws the call
+        small.generate(prompts + [""], greedy(6))
+    assert not small.has_unfinished() and small.stats().kv_blocks_used == 0
+
+
 def test_request_past_its_deadline_is_aborted_waiting_or_running(dirs, engine):
     (alone,) = engine.generate(["Hello, world!"], greedy(40))
     busy = LLMEngine.from_engine_dir(dirs[1], max_batch_size=2)
@@ -166,7 +180,7 @@ def test_request_past_its_deadline_is_aborted_waiting_or_running(dirs, engine):
     busy.scheduler.kv_manager.check_invariants()
 
 
-def test_cli_refuses_too_many_tokens_and_reports_timeouts(dirs):
+def test_cli_refuses_too_many_tokens_reports_timeouts_and_waits_for_queue_room(dirs):
     engine_dir = str(dirs[1])
     result = CliRunner().invoke(main, ["generate", engine_dir, "--prompt", PROMPT,
                                        "--max-tokens", "99999999999999"])
@@ -175,9 +189,12 @@ def test_cli_refuses_too_many_tokens_and_reports_timeouts(dirs):
                                        "--max-tokens", "8", "--timeout-s", "0.000001", "--json"])
     assert result.exit_code == 0, result.output
     assert '"finish_reason": "timeout"' in result.output
+    # An offline run waits for room in a bounded queue instead of being refused (a server refuses:
+    # test_full_queue_refuses_at_once_and_admitted_requests_finish).
     result = CliRunner().invoke(main, ["generate", engine_dir, "--prompt", "a", "--prompt", "b",
-                                       "--schedule", "max_queue_size=1"])
-    assert result.exit_code != 0 and "server busy, retry later" in result.output
+                                       "--max-tokens", "4", "--schedule", "max_queue_size=1", "--json"])
+    assert result.exit_code == 0, result.output
+    assert result.output.count('"finish_reason": "length"') == 2
 
 
 def test_finish_reasons_stop_token_and_length(engine):
@@ -241,6 +258,17 @@ def test_timestamps_are_ordered(engine):
                                       "max_tokens <= "]),
     (PROMPT, greedy(4, timeout_s=0.0), ["timeout_s=0.0", "> 0"]),
     ("", greedy(4), ["empty"]),
+    # Hostile sampling values: refused at admission, naming the field and the value.
+    (PROMPT, greedy(4, stop_token_ids=[10**9], min_tokens=2),
+     ["SamplingParams.stop_token_ids contains 1000000000", "vocabulary"]),
+    (PROMPT, greedy(4, bad_words_ids=[[5, 10**6]]), ["bad_words_ids contains [5, 1000000]", "vocabulary"]),
+    (PROMPT, greedy(4, stop=[f"s{i}" for i in range(5000)]), ["SamplingParams.stop=", "at most 64"]),
+    (PROMPT, greedy(4, stop=["x" * (1 << 20)]), ["SamplingParams.stop=", "at most 1024 characters"]),
+    (PROMPT, greedy(4, temperature=float("nan")), ["SamplingParams.temperature=nan"]),
+    (PROMPT, greedy(4, temperature=float("inf")), ["SamplingParams.temperature=inf"]),
+    (PROMPT, greedy(4, repetition_penalty=0.0), ["SamplingParams.repetition_penalty=0.0"]),
+    (PROMPT, greedy(4, logprobs=10**6), ["SamplingParams.logprobs=1000000", "1..20"]),
+    (PROMPT, greedy(4, bad_words=["w"] * 1000), ["SamplingParams.bad_words=", "at most 256"]),
 ])
 def test_bad_request_raises_and_engine_keeps_serving(engine, prompt, params, words):
     (alone,) = engine.generate([PROMPT], greedy(10))
@@ -298,3 +326,79 @@ def test_logprobs_match_transformers(dirs, engine):
 
     (plain,) = engine.generate([PROMPT], greedy(3))
     assert plain.logprobs is None and plain.cum_logprob is None
+
+
+GOOD = [(PROMPT, greedy(10)),
+        ("Hello, world!", SamplingParams(max_tokens=10, temperature=0.9, top_p=0.95, seed=5, ignore_eos=True)),
+        ("Hi there", greedy(10, repetition_penalty=1.3, presence_penalty=0.5, logprobs=2))]
+
+
+def _good_alone(dirs) -> list[list[int]]:
+    """The good requests' tokens in a run without any hostile request."""
+    engine = LLMEngine.from_engine_dir(dirs[1])
+    rids = [engine.add_request(p, dataclasses.replace(sp)) for p, sp in GOOD]
+    outs = run_all(engine)
+    return [outs[r][-1].output_token_ids for r in rids]
+
+
+def test_hostile_requests_in_the_batch_fail_alone(dirs):
+    """Requests whose sampling values the batched sampler cannot take share batches with good ones:
+    each fails alone with a clear error, the good ones get exactly their tokens of a run without
+    them, and no KV block stays held."""
+    expected = _good_alone(dirs)
+    engine = LLMEngine.from_engine_dir(dirs[1])
+    vocab = engine.engine_config.model.vocab_size
+    good = [engine.add_request(p, dataclasses.replace(sp)) for p, sp in GOOD]
+    # Past admission, changed behind the engine's back (what validation cannot see)...
+    end_id, nan_temp = greedy(10, min_tokens=3), SamplingParams(max_tokens=10, temperature=0.7)
+    hostile = {engine.add_request("Hello hostile", end_id): "stop_token_ids contains 1000000000",
+               engine.add_request("Hi hostile", nan_temp): "SamplingParams.temperature=nan is invalid"}
+    end_id.stop_token_ids.append(10**9)
+    nan_temp.temperature = float("nan")
+    # ... and valid values whose masks leave nothing to sample.
+    everything = greedy(10, min_tokens=1, stop_token_ids=list(range(vocab)))
+    hostile[engine.add_request("The quick", everything)] = "no token can be sampled"
+    outs: dict[str, list[RequestOutput]] = {}
+    for out in engine.step():
+        outs.setdefault(out.request_id, []).append(out)
+    with pytest.raises(ValueError, match="stop_token_ids contains 1000000000"):  # refused outright
+        engine.add_request(PROMPT, greedy(10, stop_token_ids=[10**9], min_tokens=1))
+    for rid, more in run_all(engine).items():
+        outs.setdefault(rid, []).extend(more)
+    for rid, why in hostile.items():
+        final = outs[rid][-1]
+        assert final.finished and final.finish_reason == "error" and why in final.error, final.error
+        assert final.error.startswith(f"request {rid} failed: ")
+    assert [outs[r][-1].output_token_ids for r in good] == expected
+    assert all(outs[r][-1].finish_reason == "length" for r in good)
+    assert engine.stats().kv_blocks_used == 0 and not engine.has_unfinished()
+    engine.scheduler.kv_manager.check_invariants()
+
+
+def test_a_request_failing_after_sampling_fails_alone(dirs):
+    expected = _good_alone(dirs)
+    engine = LLMEngine.from_engine_dir(dirs[1])
+    good = [engine.add_request(p, dataclasses.replace(sp)) for p, sp in GOOD]
+    victim = engine.add_request("Hello hostile", greedy(10))
+    engine.step()
+
+    def broken(ids):
+        raise RuntimeError("cannot decode")
+
+    engine._requests[victim].detok.step = broken
+    outs = run_all(engine)
+    final = outs[victim][-1]
+    assert final.finish_reason == "error" and "RuntimeError: cannot decode" in final.error
+    assert [outs[r][-1].output_token_ids for r in good] == expected
+    assert engine.stats().kv_blocks_used == 0
+
+
+def test_waiting_queue_is_bounded_by_default(dirs, engine):
+    assert "max_queue_size" not in engine.engine_config.scheduling  # engine.json leaves it to the default
+    cfg = engine.scheduler_config
+    assert (cfg.max_queue_size, cfg.max_queued_tokens) == (4096, 4_194_304)
+    assert (SchedulerConfig.max_queue_size, SchedulerConfig.max_queued_tokens) == (4096, 4_194_304)
+    long = SchedulerConfig.for_engine({"max_seq_len": 8_000_000, "kv_block_size": 16}, {})
+    assert long.max_queued_tokens == 7_999_999  # the default admits the longest prompt
+    assert SchedulerConfig.for_engine({"max_seq_len": 64, "kv_block_size": 4}, {"max_queued_tokens": 0},
+                                      ).max_queued_tokens == 0  # 0 (unbounded) stays available

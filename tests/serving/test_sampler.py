@@ -226,8 +226,86 @@ def test_sampled_frequencies_follow_distribution(params):
 
 
 def test_out_of_vocab_stop_token_is_explained():
-    with pytest.raises(ValueError, match="outside the model's vocabulary"):
-        Sampler().sample(_logits(1), [_state(bad_words_ids=[[V + 5]])])
+    out = Sampler().sample(_logits(1), [_state(bad_words_ids=[[V + 5]])])
+    assert out.token_ids == [-1] and out.logprobs == [None]
+    assert "bad_words_ids contains [69] with token id 69" in out.errors[0]
+    assert f"vocabulary of {V} tokens" in out.errors[0]
+
+
+def _good_batch() -> list[SamplingState]:
+    """Rows of every kind: plain greedy, seeded random with filters, penalties and masks, logprobs."""
+    return [_state(), _state(temperature=1.0, seed=11, top_p=0.9, logprobs=2),
+            _state(outputs=[5, 6], repetition_penalty=1.3, presence_penalty=0.2,
+                   bad_words_ids=[[6, 7]], min_tokens=4, stop_token_ids=[9]),
+            _state(temperature=0.8, top_k=8, min_p=0.05, seed=3)]
+
+
+def _unchecked(**params) -> SamplingState:
+    """A state whose parameters never went through validate(): what the sampler must survive."""
+    return SamplingState(SamplingParams(**params), [1, 2], eos_token_ids=(EOS,))
+
+
+HOSTILE = {
+    "huge stop token with min_tokens": dict(stop_token_ids=[10**9], min_tokens=2),
+    "out-of-vocab bad word": dict(bad_words_ids=[[1, V]]),
+    "negative bad word": dict(bad_words_ids=[[-3]]),
+    "nan temperature": dict(temperature=float("nan")),
+    "inf temperature": dict(temperature=float("inf")),
+    "huge temperature": dict(temperature=1e300),
+    "zero repetition penalty": dict(repetition_penalty=0.0),
+    "nan presence penalty": dict(presence_penalty=float("nan")),
+    "huge top_k list": dict(top_k="all"),
+    "logprobs of the whole vocab": dict(logprobs=10**6),
+    "every token banned": dict(bad_words_ids=[[t] for t in range(V)]),
+}
+
+
+@pytest.mark.parametrize("hostile", list(HOSTILE), ids=list(HOSTILE))
+def test_hostile_row_fails_alone_and_the_others_sample_as_alone(hostile):
+    logits = _logits(5, seed=4)
+    alone_states, states = _good_batch(), _good_batch()
+    states.insert(1, _unchecked(**HOSTILE[hostile]))
+    mixed = torch.cat([logits[:1], logits[4:5], logits[1:4]])
+    good = [0, 2, 3, 4]
+    for _ in range(3):  # the seeded rows keep drawing the same streams as alone
+        alone = [Sampler().sample(logits[i:i + 1], [s]) for i, s in enumerate(alone_states)]
+        out = Sampler().sample(mixed, states)
+        assert list(out.errors) == [1] and out.token_ids[1] == -1, out.errors
+        assert [out.token_ids[i] for i in good] == [a.token_ids[0] for a in alone]
+        assert [out.logprobs[i] for i in good] == [a.logprobs[0] for a in alone]
+        assert [out.top_logprobs[i] for i in good] == [a.top_logprobs[0] for a in alone]
+
+
+@pytest.mark.parametrize("sampling", [{}, {"temperature": 0.8, "seed": 1, "top_p": 0.9}])
+def test_every_token_masked_fails_that_row(sampling):
+    state = _state(bad_words_ids=[[t] for t in range(V) if t != 7], **sampling)
+    logits = _logits(3, seed=5)
+    logits[0, 7] = float("-inf")  # the one token left is impossible too
+    nan_row = _state(repetition_penalty=1.2, **sampling)  # not plain greedy: its row is checked
+    logits[2, 9] = float("nan")  # e.g. a broken kernel: never a token
+    out = Sampler().sample(logits, [state, _state(), nan_row])
+    assert "no token can be sampled" in out.errors[0] and "no token can be sampled" in out.errors[2]
+    assert out.token_ids == [-1, logits[1].argmax().item(), -1] and list(out.errors) == [0, 2]
+
+
+def test_unexpected_batch_failure_is_isolated_to_its_row(monkeypatch):
+    from trtforge.serving import sampler as sampler_mod
+
+    original = sampler_mod._apply_penalties
+
+    def exploding(logits, states):
+        if any(s.params.presence_penalty == 1.5 for s in states):
+            raise RuntimeError("boom")
+        original(logits, states)
+
+    monkeypatch.setattr(sampler_mod, "_apply_penalties", exploding)
+    logits = _logits(5, seed=6)
+    expected = [Sampler().sample(logits[i:i + 1], [s]).token_ids[0] for i, s in enumerate(_good_batch())]
+    states = _good_batch()
+    states.append(_state(presence_penalty=1.5))
+    out = Sampler().sample(logits, states)
+    assert out.errors == {4: "sampling failed: RuntimeError: boom"}
+    assert out.token_ids[:4] == expected
 
 
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a GPU")

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import random
+import time
 
 import pytest
 
@@ -135,3 +136,52 @@ def test_random_splits_match_reference():
         expected = text if found == -1 else text[:found]
         assert "".join(texts) == expected, (text, stop, deltas)
         assert reasons[-1] == ("length" if found == -1 else "stop")
+
+
+def _reference_texts(stops: list[str], deltas: list[str]) -> tuple[list[str], str | None]:
+    """The scan as it was before the KMP matcher (find each stop in held + delta, hold the longest
+    partial match back): what the matcher must reproduce exactly."""
+    held, texts = "", []
+    for delta in deltas:
+        buf = held + delta
+        found = [(buf.find(s), k, s) for k, s in enumerate(stops) if buf.find(s) != -1]
+        if found:
+            at, _, stop = min(found)
+            texts.append(buf[:at])
+            return texts, stop
+        keep = max((n for s in stops for n in range(1, min(len(s) - 1, len(buf)) + 1)
+                    if buf.endswith(s[:n])), default=0)
+        held = buf[len(buf) - keep:] if keep else ""
+        texts.append(buf[: len(buf) - keep])
+    return texts, None
+
+
+def test_several_overlapping_stop_strings_match_the_reference():
+    rng = random.Random(1)
+    for _ in range(400):
+        text = "".join(rng.choice("aab") for _ in range(rng.randrange(1, 40)))
+        stops = ["".join(rng.choice("ab") for _ in range(rng.randrange(1, 7)))
+                 for _ in range(rng.randrange(1, 5))]
+        cuts = sorted(set(rng.sample(range(1, len(text) + 1), k=min(len(text), rng.randrange(1, 10)))))
+        deltas = [text[a:b] for a, b in zip([0] + cuts, cuts)] + ([text[cuts[-1]:]] if cuts[-1] < len(text) else [])
+        checker = StopChecker()
+        reasons, texts = _feed(checker, _state(stop=stops, max_tokens=len(deltas) + 1),
+                               [(TOKEN, d) for d in deltas])
+        expected, stop = _reference_texts(stops, deltas)
+        assert texts == expected, (text, stops, deltas)
+        assert checker.stop_reason == stop and (reasons[-1] == "stop") == (stop is not None)
+
+
+def test_stop_scan_is_linear_in_the_new_text():
+    # 64 stop strings of 1024 characters; the output keeps almost matching the last one, so 1023
+    # characters stay held back. The scan before the KMP matcher tried every prefix length of the
+    # other 63 against that text at every token (~0.03 s a token, over a minute here); now ~0.2 s.
+    stops = [chr(ord("b") + k) * 1024 for k in range(63)] + ["a" * 1023 + "x"]
+    checker, state = StopChecker(), _state(stop=stops, max_tokens=100_000)
+    started = time.perf_counter()
+    for _ in range(3000):
+        state.output_token_ids.append(TOKEN)
+        reason, _ = checker.check(state, TOKEN, "a")
+        assert reason is None
+    assert time.perf_counter() - started < 3.0
+    assert len(checker.release()) == 1023  # held back: what could still become a stop string

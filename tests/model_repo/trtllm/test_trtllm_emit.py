@@ -75,7 +75,7 @@ def test_options_without_counterpart_are_reported_not_dropped(trtllm_engine, tmp
 
 def test_options_matching_tensorrt_llm_are_not_reported(trtllm_engine, tmp_path, caplog):
     with caplog.at_level(logging.WARNING):
-        emit_repo(trtllm_engine, tmp_path / "repo", kv_watermark=0.0, prefill_chunk_size=0)
+        emit_repo(trtllm_engine, tmp_path / "repo", kv_watermark=0.0, prefill_chunk_size=0, max_queued_tokens=0)
     assert "not carried over" not in caplog.text
 
 
