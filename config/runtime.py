@@ -43,6 +43,36 @@ def parse_address(address: str) -> tuple[str, int]:
     return parts.hostname, parts.port
 
 
+LOOPBACK = "127.0.0.1"
+"""Where the tcp KV connector listens when its address names no host (tcp://:PORT)."""
+
+
+def parse_listen_address(address: str) -> tuple[str, int]:
+    """A listen address: as parse_address, but 'tcp://:PORT' (no host) listens on loopback only;
+    every interface only when written (tcp://0.0.0.0:PORT)."""
+    parts = urlsplit(address if "://" in address else f"tcp://{address}")
+    if parts.scheme == "tcp" and parts.hostname is None and parts.port is not None \
+            and parts.netloc.startswith(":"):
+        return LOOPBACK, parts.port
+    return parse_address(address)
+
+
+def parse_peers(text: str) -> list[tuple[str, int | None]]:
+    """'hostA, hostB:7000, tcp://10.0.0.3:7001' → [(host, port or None: any port)]."""
+    peers = []
+    for item in filter(None, (p.strip() for p in text.split(","))):
+        parts = urlsplit(item if "://" in item else f"tcp://{item}")
+        try:
+            port = parts.port
+        except ValueError:
+            port = -1
+        if parts.scheme != "tcp" or not parts.hostname or port == -1 or parts.path:
+            raise ValueError(f"kv_peers entry {item!r} is invalid: write HOST or HOST:PORT, "
+                             "comma-separated")
+        peers.append((parts.hostname.lower(), port))
+    return peers
+
+
 @dataclass(frozen=True)
 class RuntimeConfig:
     """Everything about running an engine directory that is not a scheduling choice."""
@@ -62,10 +92,21 @@ class RuntimeConfig:
     (decode only, continues from handed-over KV)."""
     kv_connector: str = SHARED_MEMORY_CONNECTOR
     """Context phase: how the KV is handed over: shm (generation engine on this host) or
-    tcp://HOST:PORT (listen there, for generation servers on other hosts; port 0: any free port)."""
+    tcp://HOST:PORT (listen there, for generation servers on other hosts; port 0: any free port;
+    tcp://:PORT listens on 127.0.0.1 only, every interface only if written: tcp://0.0.0.0:PORT).
+    Not encrypted: across untrusted networks, use a tunnel (docs/scale-out.md)."""
     kv_advertise_host: str | None = None
     """Context phase, tcp connector: the host name or address generation servers reach it at
     (None: the listen host, or this host's name when it listens on 0.0.0.0)."""
+    kv_auth_key_file: str | None = None
+    """Context and generation phases: file holding the key (32+ random characters, mode 0600)
+    that authenticates KV handoffs; both sides need the same one. None: $TRTFORGE_KV_AUTH_KEY,
+    else on one host (shm) a per-user key created beside the handoff segments; a tcp connector
+    and a generation engine with kv_peers refuse to start without one."""
+    kv_peers: str | None = None
+    """Generation phase: the context servers whose tcp KV connectors it fetches from, HOST or
+    HOST:PORT, comma-separated (None: shared-memory handoffs on this host only; a handle naming
+    any other location is refused)."""
     handoff_timeout_s: float = 30.0
     """Context phase: seconds a handed-over prefill's KV waits for the generation side before it
     is freed."""
@@ -81,7 +122,9 @@ class RuntimeConfig:
         if self.kv_cache_memory is not None:
             parse_bytes(self.kv_cache_memory)  # ValueError naming a bad size
         if self.kv_connector != SHARED_MEMORY_CONNECTOR:
-            parse_address(self.kv_connector)  # ValueError naming a bad address
+            parse_listen_address(self.kv_connector)  # ValueError naming a bad address
+        if self.kv_peers:
+            parse_peers(self.kv_peers)
         if not self.handoff_timeout_s > 0:
             raise ValueError(f"handoff_timeout_s={self.handoff_timeout_s} is invalid: must be > 0")
 

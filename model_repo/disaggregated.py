@@ -38,7 +38,9 @@ from trtforge.model_repo.phases import (
     GENERATION_MODEL,
     GENERATION_URLS,
     HANDOFF_TIMEOUT,
+    KV_AUTH_KEY_FILE,
     KV_CONNECTOR,
+    KV_PEERS,
     PHASE_DOCS,
     ROLE,
     ROUTER,
@@ -68,6 +70,12 @@ class PhaseOptions:
     """Context only: shm | tcp://HOST:PORT."""
     kv_advertise_host: str | None = None
     """Context only: where generation servers reach the tcp connector."""
+    kv_auth_key_file: str | None = None
+    """The handoff key file (both phases; written as an absolute path). None: the one-host key,
+    or $TRTFORGE_KV_AUTH_KEY."""
+    kv_peers: str | None = None
+    """Generation only: the context servers' hosts (HOST or HOST:PORT, comma-separated) whose tcp
+    connectors it fetches from."""
 
 
 @dataclass
@@ -106,13 +114,20 @@ def emit_disaggregated(engine: EngineConfig, repo: Path, adapter: AdapterOptions
         if phase == Phase.GENERATION and (opts.handoff_timeout_s is not None or opts.kv_connector):
             refuse_other_phase(phase, [HANDOFF_TIMEOUT if opts.handoff_timeout_s is not None
                                        else KV_CONNECTOR])
+        if phase == Phase.CONTEXT and opts.kv_peers:
+            raise ValueError(f"{KV_PEERS} belongs to the generation model (the context servers it "
+                             "fetches from), not the context model")
         parse_cpus(opts.cpus)
         if opts.instances < 1:
             raise ValueError(f"{phase} instances={opts.instances} is invalid: must be >= 1")
-        runtime = {"device": device, "kv_cache_memory": opts.kv_cache_memory, "phase": phase}
+        key_file = str(Path(opts.kv_auth_key_file).absolute()) if opts.kv_auth_key_file else None
+        runtime = {"device": device, "kv_cache_memory": opts.kv_cache_memory, "phase": phase,
+                   KV_AUTH_KEY_FILE: key_file}
         if phase == Phase.CONTEXT:
             runtime.update(handoff_timeout_s=opts.handoff_timeout_s, kv_connector=opts.kv_connector,
                            kv_advertise_host=opts.kv_advertise_host)
+        else:
+            runtime[KV_PEERS] = opts.kv_peers
         params = {**adapter.parameters(), **runtime_parameters(**runtime),
                   CPUS: opts.cpus, CPU_THREADS: to_parameter(opts.cpu_threads)}
         all_fields = scheduler_parameters(engine, opts.scheduler)

@@ -32,6 +32,8 @@ PHASE = "phase"
 HANDOFF_TIMEOUT = "handoff_timeout_s"
 KV_CONNECTOR = "kv_connector"
 KV_ADVERTISE_HOST = "kv_advertise_host"
+KV_AUTH_KEY_FILE = "kv_auth_key_file"
+KV_PEERS = "kv_peers"
 CPUS = "cpus"
 CPU_THREADS = "cpu_threads"
 # Parameters of the router model.
@@ -81,8 +83,9 @@ PHASE_DOCS = {
 }
 """Docs of the phase models' own parameters (the RuntimeConfig ones are documented there)."""
 
-_OWN = {Phase.CONTEXT: set(CONTEXT_SCHEDULER_FIELDS) | {HANDOFF_TIMEOUT, KV_CONNECTOR, KV_ADVERTISE_HOST},
-        Phase.GENERATION: set(GENERATION_SCHEDULER_FIELDS)}
+_OWN = {Phase.CONTEXT: set(CONTEXT_SCHEDULER_FIELDS) | {HANDOFF_TIMEOUT, KV_CONNECTOR, KV_ADVERTISE_HOST,
+                                                       KV_AUTH_KEY_FILE},
+        Phase.GENERATION: set(GENERATION_SCHEDULER_FIELDS) | {KV_AUTH_KEY_FILE, KV_PEERS}}
 _SCHEDULER_FIELDS = {f.name for f in dataclasses.fields(SchedulerConfig)}
 
 

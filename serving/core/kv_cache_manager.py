@@ -10,6 +10,10 @@ the sequence is always recomputed — the engine needs its logits — so at most
 (num_tokens - 1) // block_size blocks can hit. A block is registered only once its tokens are
 computed (`cache_full_blocks`, called after each step), and a freed cached block stays in the free
 queue where a later hit can revive it until it is reused.
+
+KV handed over from another engine (a sequence admitted with num_external_tokens) never enters
+the prefix cache, nor do the blocks after it: its tokens were not computed here, and a handoff
+names its token ids itself, so caching it would serve one request's claim to another.
 """
 
 from __future__ import annotations
@@ -151,7 +155,10 @@ class KVCacheManager:
         seq.num_computed_tokens = hit.num_tokens
         seq.num_cached_prefix_tokens = hit.num_tokens
         self._holders[seq.seq_id] = seq
-        self._chains[seq.seq_id] = _Chain(hit.chain.num_blocks, hit.chain.key, hit.chain.content_id)
+        # content_id None: nothing of this sequence is registered (cache_full_blocks stops there).
+        external = seq.num_external_tokens > 0
+        self._chains[seq.seq_id] = _Chain(hit.chain.num_blocks, hit.chain.key,
+                                          None if external else hit.chain.content_id)
         if self.enable_prefix_caching:
             self.num_queried_tokens += seq.num_tokens
             self.num_hit_tokens += hit.num_tokens

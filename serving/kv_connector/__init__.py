@@ -12,7 +12,9 @@ handed-over request is admitted, `request_finished` when a request ends, `poll` 
       frees what was taken, and what passed its deadline
 
 The handle (`KVHandle`) is plain data (JSON): it travels in the `context_phase_params` tensor of
-the Triton requests, so the two sides may be different processes. It has an owner (the
+the Triton requests, so the two sides may be different processes. Clients can send one too, so it
+is signed (HMAC with a key both sides share, auth.py), carries a per-handoff secret, is used once,
+and is judged in full by the generation side before anything is done with it (importer.py). It has an owner (the
 exporter that holds its blocks) and a deadline: a handle nobody takes is freed by its owner,
 so no block leaks when a client goes away between the phases or the generation side is gone.
 
@@ -26,6 +28,7 @@ from __future__ import annotations
 import torch
 
 from trtforge.config.runtime import SHARED_MEMORY_CONNECTOR, Phase, RuntimeConfig
+from trtforge.serving.kv_connector.auth import HandoffKeyError, handoff_key
 from trtforge.serving.kv_connector.base import HandoffStats, KVConnector
 from trtforge.serving.kv_connector.handle import HandoffError, KVHandle
 from trtforge.serving.kv_connector.importer import KVImporter
@@ -38,16 +41,22 @@ def make_connector(runtime: RuntimeConfig, kv_tensors: list[torch.Tensor], num_b
     """The connector of an engine in `runtime.phase`, over its KV pools (`kv_tensors`, block axis
     at dim 1; `num_blocks` of `block_size` tokens): None co-located; the context side's exporter
     by `runtime.kv_connector` (shm, or tcp://HOST:PORT to listen there); the generation side's
-    importer (takes handles of either)."""
+    importer (shared-memory handles of this host, or tcp ones of `runtime.kv_peers`). Both sign
+    or check handles with the handoff key (auth.handoff_key: ValueError when none is configured
+    for a tcp connector)."""
     if runtime.phase is Phase.BOTH:
         return None
     if runtime.phase is Phase.GENERATION:
-        return KVImporter(kv_tensors, block_size)
-    if runtime.kv_connector == SHARED_MEMORY_CONNECTOR:
-        return SharedMemoryExporter(kv_tensors, num_blocks, block_size, runtime.handoff_timeout_s)
+        key = handoff_key(runtime.kv_auth_key_file, one_host=not runtime.kv_peers)
+        return KVImporter(kv_tensors, block_size, key=key, peers=runtime.kv_peers)
+    one_host = runtime.kv_connector == SHARED_MEMORY_CONNECTOR
+    key = handoff_key(runtime.kv_auth_key_file, one_host=one_host)
+    if one_host:
+        return SharedMemoryExporter(kv_tensors, num_blocks, block_size, runtime.handoff_timeout_s,
+                                    key=key)
     return TcpExporter(kv_tensors, num_blocks, block_size, runtime.handoff_timeout_s,
-                       listen=runtime.kv_connector, advertise_host=runtime.kv_advertise_host)
+                       listen=runtime.kv_connector, advertise_host=runtime.kv_advertise_host, key=key)
 
 
-__all__ = ["HandoffError", "HandoffStats", "KVConnector", "KVHandle", "KVImporter",
+__all__ = ["HandoffError", "HandoffKeyError", "HandoffStats", "KVConnector", "KVHandle", "KVImporter",
            "SharedMemoryExporter", "TcpExporter", "make_connector"]

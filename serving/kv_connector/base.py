@@ -5,7 +5,7 @@ A request's life, and the hook the engine calls at each point:
 
     context engine (exporter)                    generation engine (importer)
     ─────────────────────────                    ────────────────────────────
-    prefill done, first token sampled            add_handoff(handle): check_handoff(handle)
+    prefill done, first token sampled            add_handoff(handle): check_handoff(handle, …)
       save_kv(...) ──▶ handle ──(JSON)─────────▶   scheduler admits it with external KV
       request ends, finish reason handoff          load_kv(handle, blocks) before its step
                                                  request ends: request_finished(handle or None)
@@ -49,9 +49,11 @@ class KVConnector(abc.ABC):
     """The phase of the engine this connector serves (context or generation)."""
 
     # ---- (a) admission of a request whose KV comes from outside: generation side ----------
-    def check_handoff(self, handle: KVHandle) -> None:
-        """Raise ValueError unless `handle` can continue in this engine; the one place a handle
-        is judged before its request is admitted."""
+    def check_handoff(self, handle: KVHandle, *, vocab_size: int, max_seq_len: int) -> None:
+        """Raise ValueError unless `handle` can continue in this engine (authentic, not used
+        before, from a connector this engine fetches from, every field within the engine's
+        limits); the one place a handle is judged before its request is admitted. A handle it
+        refuses is not released: it may be a forgery or a replay of someone else's."""
         raise NotImplementedError(f"a {self.role} connector takes no handoffs")
 
     def load_kv(self, handle: KVHandle, block_ids: list[int]) -> None:

@@ -3,29 +3,35 @@
 The context process (the owner) creates one segment, sized like its KV pool but faulted in only
 where used:
 
-    [header: layout JSON] [state: int64 × H] [ack: int64 × H] [staging copy of each KV tensor]
+    [header: layout JSON] [state: int64 × H] [ack: int64 × H] [secret: 16 bytes × H]
+    [staging copy of each KV tensor]
 
 `save_kv` copies a finished prefill's blocks from the context engine's pool into free staging
-blocks and publishes a handle in a free slot (state[slot] = nonce); the context engine can then
-free its pool blocks at once. The generation process maps the segment by path, copies the staging
-blocks into its own pool and writes ack[slot] = nonce. The owner's `poll` frees the staging blocks
-of every acknowledged handle, and of every handle past its deadline (state[slot] = 0 first).
+blocks and publishes a signed handle in a free slot (secret[slot], then state[slot] = nonce); the
+context engine can then free its pool blocks at once. The generation process maps the segment by
+path (0600: this user's processes only), checks the slot holds the handle's nonce and secret and
+was not taken yet, copies the staging blocks into its own pool and writes ack[slot] = nonce. The
+owner's `poll` frees the staging blocks of every acknowledged handle, and of every handle past its
+deadline (state[slot] = 0 first).
 
 Why this is safe without locks: only the owner writes `state`, only importers write `ack`, both
 as aligned 8-byte stores. An importer checks state[slot] == nonce before *and after* its copy: a
 handle that expired while it was copying fails (its blocks may have been reused), one that
 passes the second check was intact for the whole copy. A late ack of an expired handle writes a
-nonce nobody waits for any more. Nonces never repeat within a segment, so a stale handle never
-matches a reused slot.
+nonce nobody waits for any more. Nonces are random (62 bits, never 0, which marks a free slot) and
+every handoff has its own secret, so a stale handle never matches a reused slot and no handle tells
+the next one.
 """
 
 from __future__ import annotations
 
+import hmac
 import json
 import mmap
 import os
-import random
 import re
+import secrets
+import threading
 import time
 from collections import deque
 from dataclasses import dataclass
@@ -36,13 +42,16 @@ import numpy as np
 import torch
 
 from trtforge.config.runtime import Phase
+from trtforge.serving.kv_connector import auth
 from trtforge.serving.kv_connector.base import HandoffStats, KVConnector
 from trtforge.serving.kv_connector.handle import HandoffError, KVHandle
 
-MAGIC = b"TRTFKV01"
+MAGIC = b"TRTFKV02"
 HEADER_BYTES = 4096
 _ALIGN = 64
-DEFAULT_DIR = "/dev/shm"
+DEFAULT_DIR = auth.DEFAULT_DIR
+SEGMENT_NAME = re.compile(r"trtforge-kv-\d+-[0-9a-f]{10}")
+"""The file name of a segment (what a shared-memory location may name, in the handoff directory)."""
 
 
 def _layout(kv_tensors: list[torch.Tensor]) -> list[dict]:
@@ -64,15 +73,18 @@ class _Segment:
     mm: mmap.mmap
     state: np.ndarray
     ack: np.ndarray
+    secrets: np.ndarray
+    """uint8 [H, 16]: each slot's handoff secret."""
     staging: list[torch.Tensor]
     layout: list[dict]
+    num_blocks: int
 
     @classmethod
     def map(cls, path: str, create: dict | None = None) -> "_Segment":
         """Map an existing segment, or create one (create = {"layout", "num_blocks", "max_handles"})."""
         if create is not None:
             layout, nblocks, nhandles = create["layout"], create["num_blocks"], create["max_handles"]
-            offsets, off = [], HEADER_BYTES + 16 * nhandles
+            offsets, off = [], HEADER_BYTES + (16 + auth.SECRET_BYTES) * nhandles
             for x in layout:
                 off = -(-off // _ALIGN) * _ALIGN
                 offsets.append(off)
@@ -97,6 +109,8 @@ class _Segment:
                 raise HandoffError(f"KV handoff segment {path} is gone (its context model was "
                                    "unloaded or restarted)") from None
             try:
+                if os.fstat(fd).st_uid != os.geteuid():
+                    raise HandoffError(f"{path} is not this user's KV handoff segment")
                 mm = mmap.mmap(fd, 0)
             finally:
                 os.close(fd)
@@ -107,13 +121,27 @@ class _Segment:
         nh = meta["max_handles"]
         state = np.frombuffer(mm, dtype=np.int64, count=nh, offset=HEADER_BYTES)
         ack = np.frombuffer(mm, dtype=np.int64, count=nh, offset=HEADER_BYTES + 8 * nh)
+        secret = np.frombuffer(mm, dtype=np.uint8, count=auth.SECRET_BYTES * nh,
+                               offset=HEADER_BYTES + 16 * nh).reshape(nh, auth.SECRET_BYTES)
         staging = []
         for x, off in zip(meta["layout"], meta["offsets"]):
             dtype = getattr(torch, x["dtype"])
             shape = [x["shape"][0], meta["num_blocks"], *x["shape"][1:]]
             count = int(np.prod(shape))
             staging.append(torch.frombuffer(mm, dtype=dtype, count=count, offset=off).view(shape))
-        return cls(path, mm, state, ack, staging, meta["layout"])
+        return cls(path, mm, state, ack, secret, staging, meta["layout"], meta["num_blocks"])
+
+    def holds(self, handle: KVHandle) -> bool:
+        """The handle's slot is live with its nonce and secret (compared in constant time)."""
+        slot = handle.slot
+        if not 0 <= slot < len(self.state) or handle.nonce <= 0:
+            return False
+        try:
+            secret = bytes.fromhex(handle.secret)
+        except ValueError:
+            return False
+        same = hmac.compare_digest(bytes(self.secrets[slot]), secret)
+        return same and int(self.state[slot]) == handle.nonce
 
 
 def _copy_blocks(dst: list[torch.Tensor], dst_blocks: list[int], src: list[torch.Tensor],
@@ -130,20 +158,26 @@ class _Live:
     nonce: int
     blocks: list[int]
     deadline: float
+    secret: str
+    mac: str
+    taken: bool = False
+    """Claimed by a taker (tcp): a handle is served once."""
 
 
 class SharedMemoryExporter(KVConnector):
     """Context side: owns the segment, its staging blocks and the handles' deadlines.
-    `handoff_timeout_s`: how long a handle waits to be taken before its blocks are freed."""
+    `handoff_timeout_s`: how long a handle waits to be taken before its blocks are freed;
+    `key`: the handoff key handles are signed with (None: this user's one-host key, auth.py)."""
 
     role = Phase.CONTEXT
 
     def __init__(self, kv_tensors: list[torch.Tensor], num_blocks: int, block_size: int,
                  handoff_timeout_s: float, directory: str | None = None,
-                 max_handles: int = 4096) -> None:
-        directory = directory or os.environ.get("TRTFORGE_KV_HANDOFF_DIR", DEFAULT_DIR)
+                 max_handles: int = 4096, key: bytes | None = None) -> None:
+        directory = directory or auth.handoff_dir()
+        self.key = key if key is not None else auth.local_key(directory)
         _remove_orphans(directory)
-        path = os.path.join(directory, f"trtforge-kv-{os.getpid()}-{random.getrandbits(40):010x}")
+        path = os.path.join(directory, f"trtforge-kv-{os.getpid()}-{secrets.token_hex(5)}")
         self.kv_tensors = kv_tensors
         self.block_size = block_size
         self.handoff_timeout_s = handoff_timeout_s
@@ -154,7 +188,7 @@ class SharedMemoryExporter(KVConnector):
         self._free_blocks = deque(range(num_blocks))
         self._free_slots = deque(range(max_handles))
         self._live: dict[int, _Live] = {}
-        self._nonce = random.getrandbits(40) + 1
+        self._lock = threading.Lock()  # _live: the engine thread and the tcp server's threads
         self.handoffs_done = 0
         """Handles taken (imported, or released unused) by a generation side."""
         self.handoffs_expired = 0
@@ -191,16 +225,42 @@ class SharedMemoryExporter(KVConnector):
         slot = self._free_slots.popleft()
         _copy_blocks(self.segment.staging, blocks, self.kv_tensors, block_ids)
         seconds = time.perf_counter() - start
-        self._nonce += 1
+        nonce, secret = auth.new_nonce(), auth.new_secret()
         deadline = time.time() + self.handoff_timeout_s
-        self._live[slot] = _Live(self._nonce, blocks, deadline)
-        self.segment.state[slot] = self._nonce  # published: an importer may take it from now on
         nbytes = n * self.block_bytes
+        handle = KVHandle(request_id=request_id, location=self.location, slot=slot, nonce=nonce,
+                          blocks=blocks, num_tokens=num_tokens, block_size=self.block_size,
+                          deadline=deadline, nbytes=nbytes, export_seconds=seconds, secret=secret,
+                          **state).sign(self.key)
+        with self._lock:
+            self._live[slot] = _Live(nonce, blocks, deadline, secret, handle.mac)
+        self.segment.secrets[slot] = np.frombuffer(bytes.fromhex(secret), dtype=np.uint8)
+        self.segment.state[slot] = nonce  # published: an importer may take it from now on
         self.bytes_total += nbytes
         self.seconds_total += seconds
-        return KVHandle(request_id=request_id, location=self.location, slot=slot, nonce=self._nonce,
-                        blocks=blocks, num_tokens=num_tokens, block_size=self.block_size,
-                        deadline=deadline, nbytes=nbytes, export_seconds=seconds, **state)
+        return handle
+
+    def claim(self, slot: int, nonce: int, secret: str, mac: str, blocks: list[int] | None) -> _Live:
+        """The live handoff a taker names, marked taken (`blocks`: the ids it names, which must be
+        the handoff's own; None: a release). ValueError, saying why, for a free, expired, foreign,
+        altered or already taken one; secrets and signatures are compared in constant time."""
+        with self._lock:
+            live = self._live.get(slot) if isinstance(slot, int) else None
+            match = live is not None and isinstance(secret, str) and isinstance(mac, str)
+            match = match and hmac.compare_digest(live.secret.encode(), secret.encode())
+            match = match and hmac.compare_digest(live.mac.encode(), mac.encode()) and live.nonce == nonce
+            if not match:
+                raise ValueError("is not held by this context server (expired and freed, or never "
+                                 "issued here: its slot, nonce, secret or signature do not match)")
+            if time.time() > live.deadline:
+                raise ValueError("expired before it was taken (its deadline passed and the context "
+                                 "server frees it)")
+            if live.taken:
+                raise ValueError("was already taken (a handle is used once)")
+            if blocks is not None and blocks != live.blocks:
+                raise ValueError("names blocks that are not its own")
+            live.taken = True
+            return live
 
     def poll(self) -> None:
         """Free the staging blocks of handles taken since the last call, or past their deadline."""
@@ -208,17 +268,19 @@ class SharedMemoryExporter(KVConnector):
             return
         now = time.time()
         seg = self.segment
-        for slot, live in list(self._live.items()):
-            if int(seg.ack[slot]) == live.nonce:
-                self.handoffs_done += 1
-            elif now > live.deadline:
-                self.handoffs_expired += 1
-            else:
-                continue
-            seg.state[slot] = 0  # before the blocks are reused: an importer still copying fails
-            del self._live[slot]
-            self._free_blocks.extend(live.blocks)
-            self._free_slots.append(slot)
+        with self._lock:
+            for slot, live in list(self._live.items()):
+                if int(seg.ack[slot]) == live.nonce:
+                    self.handoffs_done += 1
+                elif now > live.deadline:
+                    self.handoffs_expired += 1
+                else:
+                    continue
+                seg.state[slot] = 0  # before the blocks are reused: an importer still copying fails
+                seg.secrets[slot] = 0
+                del self._live[slot]
+                self._free_blocks.extend(live.blocks)
+                self._free_slots.append(slot)
 
     def close(self) -> None:
         """Unlink the segment (importers still mapping it keep their mapping until they drop it)."""
@@ -260,7 +322,12 @@ class SharedMemoryImporter:
                                f"{_layout(kv_tensors)} (the two models must serve the same engine)")
         if len(blocks) != len(handle.blocks):
             raise ValueError(f"{len(blocks)} destination blocks for a handle of {len(handle.blocks)}")
+        if not all(0 <= b < seg.num_blocks for b in handle.blocks):
+            raise HandoffError(f"the handoff of {handle.request_id} names blocks outside its segment")
         self._check(seg, handle, "before it was taken")
+        if int(seg.ack[handle.slot]) == handle.nonce:
+            raise HandoffError(f"the KV handoff of {handle.request_id} was already taken (a handle "
+                               "is used once)")
         start = time.perf_counter()
         _copy_blocks(kv_tensors, blocks, seg.staging, handle.blocks)
         self._check(seg, handle, "while it was being copied")
@@ -275,12 +342,12 @@ class SharedMemoryImporter:
             seg = self._segment(handle.location)
         except HandoffError:
             return  # the owner is gone: nothing is held any more
-        if int(seg.state[handle.slot]) == handle.nonce:
+        if seg.holds(handle):
             seg.ack[handle.slot] = handle.nonce
 
     @staticmethod
     def _check(seg: _Segment, handle: KVHandle, when: str) -> None:
-        if int(seg.state[handle.slot]) != handle.nonce:
+        if not seg.holds(handle):
             raise HandoffError(f"the KV handoff of {handle.request_id} expired {when} (its deadline "
                                "passed and the context model freed it)")
 

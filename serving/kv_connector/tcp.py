@@ -2,19 +2,25 @@
 
 The context side stages a finished prefill's blocks exactly as the shared-memory connector does
 (same segment, same state/ack words, same deadlines), and also serves them over TCP: the handle's
-location is `tcp://HOST:PORT`. A generation side connects, names the handle (slot, nonce,
-blocks), and receives
+location is `tcp://HOST:PORT`. A generation side connects, names the handle in one line of JSON
+(op, slot, nonce, secret, mac; at most 4 KiB, within 5 s), and receives
 
-    header (4-byte length + JSON: ok, layout, nbytes | error) · the blocks · b"OK" / b"XX"
+    header (4-byte length ≤ 64 KiB + JSON: ok, layout, nbytes | error) · the blocks · b"OK" / b"XX"
+
+The server serves a handle only to whoever names its slot, nonce, secret and signature (compared
+in constant time with what it issued), only once, only before its deadline, and only its own
+blocks (from its own record: a request that names block ids must name exactly those). It listens where
+kv_connector says (tcp://:PORT: loopback), serves at most 32 connections at once and gives each
+transfer a deadline, so a client that connects and never finishes holds a thread for seconds,
+not forever. There is no TLS: across untrusted networks run it through a tunnel (docs/scale-out.md).
 
 The blocks go tensor by tensor, K then V, block by block, straight from the staging area
 (scatter-gather `sendmsg`) into the generation pool's blocks (`recvmsg_into`): no copy on
 either side beyond the socket's own.
 
-The server checks the handle before sending and again after (an expiry during the send turns
-the trailer into b"XX" and the importer drops what it got), then acknowledges it: the owner's
-poll frees the staging blocks as for a local handoff. One thread per connection; the copy out of
-the staging area is the only work done for a request.
+The server checks the handle's slot again after sending (an expiry during the send turns the
+trailer into b"XX" and the importer drops what it got), then acknowledges it: the owner's poll
+frees the staging blocks as for a local handoff.
 """
 
 from __future__ import annotations
@@ -26,23 +32,33 @@ import time
 
 import torch
 
-from trtforge.config.runtime import parse_address
+from trtforge.config.runtime import parse_address, parse_listen_address
 from trtforge.serving.kv_connector.handle import HandoffError, KVHandle
 from trtforge.serving.kv_connector.shared_memory import SharedMemoryExporter, _layout
 
 _SOCKET_TIMEOUT_S = 30.0
-"""Longest wait on one connect or send/receive of a transfer (not the handoff's deadline)."""
+"""Longest a whole transfer may take (connect, request, header, blocks), either side."""
+_REQUEST_TIMEOUT_S = 5.0
+"""Longest the server waits for a connection's request line."""
+MAX_REQUEST_BYTES = 4096
+"""Longest request line the server reads."""
+MAX_HEADER_BYTES = 1 << 16
+"""Longest response header the importer reads (checked before anything is allocated for it)."""
+MAX_CONNECTIONS = 32
+"""Connections the server serves at once; more are closed at once."""
 
 
 class TcpExporter(SharedMemoryExporter):
     """Context side across hosts: stages blocks like SharedMemoryExporter and serves them on TCP
-    at `listen` (tcp://HOST:PORT, port 0: any free one); handles name `advertise_host` (None: the
-    listen host, or this host's name when it listens on every interface)."""
+    at `listen` (tcp://HOST:PORT, port 0: any free one; no host: 127.0.0.1); handles name
+    `advertise_host` (None: the listen host, or this host's name when it listens on every
+    interface). `key`: the handoff key (SharedMemoryExporter)."""
 
     def __init__(self, kv_tensors: list[torch.Tensor], num_blocks: int, block_size: int,
-                 handoff_timeout_s: float, listen: str, advertise_host: str | None) -> None:
-        super().__init__(kv_tensors, num_blocks, block_size, handoff_timeout_s)
-        host, port = parse_address(listen)
+                 handoff_timeout_s: float, listen: str, advertise_host: str | None,
+                 key: bytes | None = None) -> None:
+        super().__init__(kv_tensors, num_blocks, block_size, handoff_timeout_s, key=key)
+        host, port = parse_listen_address(listen)
         try:
             self._server = socket.create_server((host, port), reuse_port=False)
         except OSError as exc:
@@ -53,11 +69,19 @@ class TcpExporter(SharedMemoryExporter):
             advertise_host = host if host not in ("0.0.0.0", "", "::") else socket.gethostname()
         self._location = f"tcp://{advertise_host}:{port}"
         self._closed = threading.Event()
+        self._slots = threading.BoundedSemaphore(MAX_CONNECTIONS)
+        self.connections_refused = 0
+        """Connections closed at once because MAX_CONNECTIONS were being served."""
         threading.Thread(target=self._accept, name="trtforge-kv-tcp", daemon=True).start()
 
     @property
     def location(self) -> str:
         return self._location
+
+    @property
+    def address(self) -> tuple[str, int]:
+        """Where the server listens (host, port)."""
+        return self._server.getsockname()[:2]
 
     def _accept(self) -> None:
         while not self._closed.is_set():
@@ -65,33 +89,50 @@ class TcpExporter(SharedMemoryExporter):
                 conn, _ = self._server.accept()
             except OSError:
                 return
+            if not self._slots.acquire(blocking=False):
+                self.connections_refused += 1
+                conn.close()
+                continue
             threading.Thread(target=self._serve, args=(conn,), daemon=True).start()
 
     def _serve(self, conn: socket.socket) -> None:
+        deadline = time.monotonic() + _SOCKET_TIMEOUT_S
+        try:
+            with conn:
+                self._answer(conn, deadline)
+        except (OSError, HandoffError):
+            pass  # the importer gets a broken connection: its request fails, the deadline frees
+        finally:
+            self._slots.release()
+
+    def _answer(self, conn: socket.socket, deadline: float) -> None:
         seg = self.segment
-        with conn, conn.makefile("rb") as reader:
-            conn.settimeout(_SOCKET_TIMEOUT_S)
-            try:
-                request = json.loads(reader.readline(1 << 20))
-                slot, nonce = int(request["slot"]), int(request["nonce"])
-                if int(seg.state[slot]) != nonce:
-                    conn.sendall(_framed({"ok": False, "error": "expired before it was taken (its deadline "
-                                                               "passed and the context server freed it)"}))
-                    return
-                if request.get("op") == "release":
-                    seg.ack[slot] = nonce
-                    conn.sendall(_framed({"ok": True}))
-                    return
-                views = _block_views(seg.staging, request["blocks"])
-                conn.sendall(_framed({"ok": True, "layout": seg.layout,
-                                      "nbytes": sum(len(v) for v in views)}))
-                _scatter(conn.sendmsg, views)
-                intact = int(seg.state[slot]) == nonce  # not expired while we copied
-                conn.sendall(b"OK" if intact else b"XX")
-                if intact:
-                    seg.ack[slot] = nonce
-            except (OSError, ValueError, KeyError):
-                return  # the importer gets a broken connection: its request fails, the deadline frees
+        try:
+            request = json.loads(_read_line(conn, min(deadline, time.monotonic() + _REQUEST_TIMEOUT_S)))
+            if not isinstance(request, dict) or request.get("op") not in ("take", "release"):
+                raise ValueError("is not a request (op take or release)")
+            blocks = request.get("blocks") if request["op"] == "take" else None
+            if blocks is not None and not isinstance(blocks, list):
+                raise ValueError("names blocks that are not a list")
+            live = self.claim(request.get("slot"), request.get("nonce"), request.get("secret"),
+                              request.get("mac"), blocks)
+        except (ValueError, RecursionError) as exc:  # JSON, size, or the handoff refused: say why
+            _send(conn, _framed({"ok": False, "error": str(exc) or type(exc).__name__}), deadline)
+            _linger(conn)
+            return
+        slot, nonce = request["slot"], live.nonce
+        if request["op"] == "release":
+            seg.ack[slot] = nonce
+            _send(conn, _framed({"ok": True}), deadline)
+            return
+        views = _block_views(seg.staging, live.blocks)
+        _send(conn, _framed({"ok": True, "layout": seg.layout, "nbytes": sum(len(v) for v in views)}),
+              deadline)
+        _scatter(conn, "sendmsg", views, deadline)
+        intact = int(seg.state[slot]) == nonce  # not expired while we copied
+        if intact:  # before the trailer: when the importer is done, the owner's poll can free it
+            seg.ack[slot] = nonce
+        _send(conn, b"OK" if intact else b"XX", deadline)
 
     def close(self) -> None:
         self._closed.set()
@@ -107,7 +148,8 @@ class TcpExporter(SharedMemoryExporter):
 
 class TcpImporter:
     """Generation side's transport for tcp:// handles: fetches a handle's blocks from its context
-    server and copies them in (KVImporter picks it by the handle's location)."""
+    server and copies them in (KVImporter picks it by the handle's location, once check_handoff
+    has authenticated it and found the host among the allowed peers)."""
 
     def __init__(self) -> None:
         self.handoffs_done = 0
@@ -118,23 +160,24 @@ class TcpImporter:
         if len(blocks) != len(handle.blocks):
             raise ValueError(f"{len(blocks)} destination blocks for a handle of {len(handle.blocks)}")
         start = time.perf_counter()
+        deadline = time.monotonic() + _SOCKET_TIMEOUT_S
         direct = all(t.device.type == "cpu" and t.is_contiguous() for t in kv_tensors)
         # Straight into the pool's blocks; a GPU pool goes through a host buffer of the same shape.
         landing = kv_tensors if direct else [torch.empty((t.shape[0], len(blocks), *t.shape[2:]),
                                                          dtype=t.dtype) for t in kv_tensors]
         views = _block_views(landing, blocks if direct else list(range(len(blocks))))
         with _connect(handle) as conn:
-            conn.sendall(_line({"op": "take", "slot": handle.slot, "nonce": handle.nonce,
-                                "blocks": handle.blocks}))
-            header = _header(conn, handle)
-            if header["layout"] != _layout(kv_tensors):
-                raise HandoffError(f"the KV layouts differ: context {header['layout']} vs generation "
-                                   f"{_layout(kv_tensors)} (the two servers must serve the same engine)")
-            if header["nbytes"] != sum(len(v) for v in views):
-                raise HandoffError(f"the handoff of {handle.request_id} has {header['nbytes']} bytes; "
-                                   f"its {len(blocks)} blocks hold {sum(len(v) for v in views)} here")
-            _scatter(lambda b: conn.recvmsg_into(b)[0], views)
-            trailer = _recv_exact(conn, 2)
+            _send(conn, _request(handle, "take"), deadline)
+            header = _header(conn, handle, deadline)
+            if header.get("layout") != _layout(kv_tensors):
+                raise HandoffError(f"the KV layouts differ: context {header.get('layout')} vs "
+                                   f"generation {_layout(kv_tensors)} (the two servers must serve "
+                                   "the same engine)")
+            if header.get("nbytes") != sum(len(v) for v in views):
+                raise HandoffError(f"the handoff of {handle.request_id} has {header.get('nbytes')} "
+                                   f"bytes; its {len(blocks)} blocks hold {sum(len(v) for v in views)} here")
+            _scatter(conn, "recvmsg_into", views, deadline)
+            trailer = _recv_exact(conn, 2, deadline)
         if trailer != b"OK":
             # The blocks were handed to the request; it fails, and they are freed with it.
             raise HandoffError(f"the KV handoff of {handle.request_id} expired while it was being sent")
@@ -148,17 +191,25 @@ class TcpImporter:
 
     def release(self, handle: KVHandle) -> None:
         try:
-            with _connect(handle) as conn:
-                conn.sendall(_line({"op": "release", "slot": handle.slot, "nonce": handle.nonce}))
-                _header(conn, handle)
+            deadline = time.monotonic() + _REQUEST_TIMEOUT_S
+            with _connect(handle, _REQUEST_TIMEOUT_S) as conn:
+                _send(conn, _request(handle, "release"), deadline)
+                _header(conn, handle, deadline)
         except (HandoffError, OSError, ValueError):
             pass  # gone or expired: nothing is held for it any more
 
 
-def _connect(handle: KVHandle) -> socket.socket:
+def _request(handle: KVHandle, op: str) -> bytes:
+    # No block ids: the server sends the handle's own blocks, from its own record.
+    request = {"op": op, "slot": handle.slot, "nonce": handle.nonce, "secret": handle.secret,
+               "mac": handle.mac}
+    return json.dumps(request, separators=(",", ":")).encode() + b"\n"
+
+
+def _connect(handle: KVHandle, timeout_s: float = _SOCKET_TIMEOUT_S) -> socket.socket:
     host, port = parse_address(handle.location)
     try:
-        conn = socket.create_connection((host, port), timeout=_SOCKET_TIMEOUT_S)
+        conn = socket.create_connection((host, port), timeout=timeout_s)
     except OSError as exc:
         raise HandoffError(f"the context server at {handle.location} holding the KV of "
                            f"{handle.request_id} cannot be reached ({exc}); it has gone away") from None
@@ -166,19 +217,19 @@ def _connect(handle: KVHandle) -> socket.socket:
     return conn
 
 
-def _header(conn: socket.socket, handle: KVHandle) -> dict:
+def _header(conn: socket.socket, handle: KVHandle, deadline: float) -> dict:
     try:
-        size = int.from_bytes(_recv_exact(conn, 4), "little")
-        header = json.loads(_recv_exact(conn, size))
-    except (OSError, ValueError) as exc:
+        size = int.from_bytes(_recv_exact(conn, 4, deadline), "little")
+        if size > MAX_HEADER_BYTES:  # before anything is allocated for it
+            raise ValueError(f"a {size}-byte header (at most {MAX_HEADER_BYTES})")
+        header = json.loads(_recv_exact(conn, size, deadline))
+        if not isinstance(header, dict):
+            raise ValueError("the header is not a JSON object")
+    except (OSError, ValueError, HandoffError) as exc:
         raise HandoffError(f"the context server at {handle.location} broke off the handoff: {exc}") from None
-    if not header.get("ok"):
+    if header.get("ok") is not True:
         raise HandoffError(f"the KV handoff of {handle.request_id} {header.get('error', 'failed')}")
     return header
-
-
-def _line(obj: dict) -> bytes:
-    return json.dumps(obj).encode() + b"\n"
 
 
 def _framed(obj: dict) -> bytes:
@@ -186,9 +237,54 @@ def _framed(obj: dict) -> bytes:
     return len(body).to_bytes(4, "little") + body
 
 
-def _recv_exact(conn: socket.socket, n: int) -> bytes:
+def _remaining(conn: socket.socket, deadline: float) -> None:
+    """Give the next socket call what is left of the transfer's deadline."""
+    left = deadline - time.monotonic()
+    if left <= 0:
+        raise HandoffError("the KV handoff took longer than its deadline")
+    conn.settimeout(left)
+
+
+def _send(conn: socket.socket, data: bytes, deadline: float) -> None:
+    _scatter(conn, "sendmsg", [memoryview(data)], deadline)
+
+
+def _linger(conn: socket.socket, max_bytes: int = 1 << 16, timeout_s: float = 0.2) -> None:
+    """Close gracefully after an error answer: unread input would turn the close into a reset
+    that can discard the answer before the client reads it."""
+    try:
+        conn.shutdown(socket.SHUT_WR)
+        conn.settimeout(timeout_s)
+        while max_bytes > 0:
+            chunk = conn.recv(min(max_bytes, 4096))
+            if not chunk:
+                return
+            max_bytes -= len(chunk)
+    except OSError:
+        pass
+
+
+def _read_line(conn: socket.socket, deadline: float) -> bytes:
+    """One request line, at most MAX_REQUEST_BYTES, by `deadline` (ValueError otherwise)."""
+    buf = bytearray()
+    while True:
+        try:
+            _remaining(conn, deadline)
+            chunk = conn.recv(MAX_REQUEST_BYTES + 1 - len(buf))
+        except (OSError, HandoffError):
+            raise ValueError("no complete request line in time") from None
+        if not chunk:
+            raise ValueError("the connection closed before a request line")
+        buf += chunk
+        if b"\n" in buf:
+            return bytes(buf[:buf.index(b"\n")])
+        if len(buf) > MAX_REQUEST_BYTES:
+            raise ValueError(f"the request line is longer than {MAX_REQUEST_BYTES} bytes")
+
+
+def _recv_exact(conn: socket.socket, n: int, deadline: float) -> bytes:
     buf = bytearray(n)
-    _scatter(lambda b: conn.recvmsg_into(b)[0], [memoryview(buf)])
+    _scatter(conn, "recvmsg_into", [memoryview(buf)], deadline)
     return bytes(buf)
 
 
@@ -207,13 +303,19 @@ def _block_views(tensors: list[torch.Tensor], blocks: list[int]) -> list[memoryv
 _IOV_MAX = 512
 
 
-def _scatter(op, views: list[memoryview]) -> None:
-    """Run a scatter-gather socket call (sendmsg / recvmsg_into) until every view is done."""
+def _scatter(conn: socket.socket, op: str, views: list[memoryview], deadline: float) -> None:
+    """Run a scatter-gather socket call (sendmsg / recvmsg_into) until every view is done, or
+    the transfer's deadline passes (HandoffError)."""
+    call = conn.sendmsg if op == "sendmsg" else (lambda b: conn.recvmsg_into(b)[0])
     i, offset = 0, 0
     while i < len(views):
+        if not len(views[i]):
+            i += 1
+            continue
         batch = [views[i][offset:]] + views[i + 1:i + _IOV_MAX]
         try:
-            n = op(batch)
+            _remaining(conn, deadline)
+            n = call(batch)
         except OSError as exc:
             raise HandoffError(f"the KV handoff broke off: {exc}") from None
         if n == 0:

@@ -49,9 +49,11 @@ def served(engine_dir, tmp_path_factory):
     root = tmp_path_factory.mktemp("disagg")
     repo = root / "repo"
     # Small prefill steps on the context model: a long prompt takes many iterations, so a test
-    # can cancel it while it is being prefilled.
+    # can cancel it while it is being prefilled. 4 tokens a step: the warm tiny engine runs a
+    # step in about a millisecond, and at 16 a 1,500-token prefill was over in ~0.1 s, before
+    # a test polling the metrics could see it (or cancel it).
     run_cli("trtforge", "emit-repo", str(engine_dir), str(repo), "--disaggregated",
-            "--context-max-num-tokens", "16", "--context-prefill-chunk-size", "16",
+            "--context-max-num-tokens", "16", "--context-prefill-chunk-size", "4",
             "--context-handoff-timeout-s", str(HANDOFF_TIMEOUT_S),
             "--generation-max-batch-size", "32", "--context-kv-cache-memory", "8MiB")
     # The co-located model of the same engine, served beside it as `colocated`.
@@ -149,15 +151,21 @@ def _start_stream(url: str, prompt: str, max_tokens: int):
 def test_cancel_during_prefill_and_during_decode_leaves_no_block(served):
     url = served.server.grpc_url
     before = metrics(served, "context")
-    # During prefill: ~1,500 prompt tokens at 16 per context iteration.
-    grpc, responses = _start_stream(url, "the " * 1500, 8)
-    assert wait_for(lambda: metrics(served, "context")["trtforge_kv_blocks_used"] > 0, 10)
-    assert responses.empty()  # no token yet: still in prefill
+    # During prefill: ~1,500 prompt tokens at 4 per context iteration (~0.7 s in-process; at 16,
+    # ~0.2 s, which polling the metrics missed). Admission is seen on a counter (a gauge polled
+    # can miss a short state); the prefill is still running then. A fresh first word: a prompt
+    # the prefix cache holds would be prefilled in one step.
+    grpc, responses = _start_stream(url, f"{uuid.uuid4().hex[:8]} " + "the " * 1500, 8)
+    tokens = "trtforge_prompt_tokens_total"
+    assert wait_for(lambda: metrics(served, "context")[tokens] > before[tokens], 10)
+    assert wait_for(lambda: metrics(served, "context")["trtforge_kv_blocks_used"] > 0, 5), \
+        metrics(served, "context")
+    assert responses.empty(), responses.queue  # no token yet: still in prefill
     grpc.stop_stream(cancel_requests=True)
     grpc.close()
-    assert wait_for(lambda: _idle(served))
+    assert wait_for(lambda: _idle(served)), {p: metrics(served, p) for p in PHASES}
     after = metrics(served, "context")
-    assert after["trtforge_kv_handoffs_total"] == before["trtforge_kv_handoffs_total"]  # never handed over
+    assert after["trtforge_kv_handoffs_total"] == before["trtforge_kv_handoffs_total"], after  # never handed over
     assert after["trtforge_prompt_tokens_total"] > before["trtforge_prompt_tokens_total"]
     # During decode: a long answer, cancelled after a few tokens.
     gen_before = metrics(served, "generation")["trtforge_generation_tokens_total"]
@@ -166,7 +174,7 @@ def test_cancel_during_prefill_and_during_decode_leaves_no_block(served):
     next(stream), next(stream), next(stream)
     assert metrics(served, "generation")["trtforge_kv_blocks_used"] > 0
     stream.close()
-    assert wait_for(lambda: _idle(served))
+    assert wait_for(lambda: _idle(served)), {p: metrics(served, p) for p in PHASES}
     time.sleep(0.5)  # an un-cancelled request would keep generating
     assert metrics(served, "generation")["trtforge_generation_tokens_total"] - gen_before < max_tokens / 2
 

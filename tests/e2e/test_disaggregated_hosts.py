@@ -90,10 +90,15 @@ class Server:
 @pytest.fixture(scope="module")
 def hosts(engine_dir, tmp_path_factory):
     root = tmp_path_factory.mktemp("hosts")
+    # The key both "hosts" share (copied to each host in a real deployment: docs/scale-out.md).
+    key = root / "kv.key"
+    key.write_text(os.urandom(32).hex())
+    key.chmod(0o600)
     run_cli("trtforge", "emit-repo", str(engine_dir), str(root / "ctx"), "--disaggregated", "--only",
-            "context", "--context-kv-connector", "tcp://127.0.0.1:0", "--context-handoff-timeout-s", "5")
+            "context", "--context-kv-connector", "tcp://127.0.0.1:0", "--context-handoff-timeout-s", "5",
+            "--context-kv-auth-key-file", str(key))
     run_cli("trtforge", "emit-repo", str(engine_dir), str(root / "gen"), "--disaggregated", "--only",
-            "generation")
+            "generation", "--generation-kv-auth-key-file", str(key), "--generation-kv-peers", "127.0.0.1")
     servers = {"context": Server.start(root / "ctx", root / "ctx.log"),
                "generation": Server.start(root / "gen", root / "gen.log")}
     try:

@@ -90,3 +90,23 @@ def test_bad_phase_options_are_refused_at_emit(engine_dir, tmp_path):
 def test_parse_cpus():
     assert parse_cpus("") == set() and parse_cpus("1") == {1}
     assert parse_cpus("0-2, 5") == {0, 1, 2, 5}
+
+
+def test_handoff_key_and_peers_options_reach_their_phase_models(engine_dir, tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    result = _emit(engine_dir, tmp_path / "repo", "--context-kv-connector", "tcp://:7000",
+                   "--context-kv-auth-key-file", "kv.key", "--generation-kv-auth-key-file", "kv.key",
+                   "--generation-kv-peers", "hostA, hostB:7000")
+    assert result.exit_code == 0, result.output
+    ctx, gen = ({k: v.string_value for k, v in read_config(tmp_path / "repo" / m / "config.pbtxt").parameters.items()}
+                for m in ("context", "generation"))
+    assert ctx["kv_auth_key_file"] == gen["kv_auth_key_file"] == str(tmp_path / "kv.key")  # absolute
+    assert gen["kv_peers"] == "hostA, hostB:7000" and "kv_peers" not in ctx
+    assert ctx["kv_connector"] == "tcp://:7000"
+    refuse_other_phase(Phase.GENERATION, list(gen))
+    refuse_other_phase(Phase.CONTEXT, list(ctx))
+    with pytest.raises(ValueError, match="kv_peers belongs to the generation model"):
+        emit_repo(engine_dir, tmp_path / "bad", disaggregated=DisaggregatedOptions(
+            context=PhaseOptions(kv_peers="hostA")))
+    result = _emit(engine_dir, tmp_path / "bad2", "--generation-kv-peers", "tcp://h:x")
+    assert result.exit_code != 0 and "kv_peers entry" in result.output

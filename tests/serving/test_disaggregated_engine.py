@@ -165,10 +165,16 @@ def _drain(engine: LLMEngine) -> list:
     return outs
 
 
-def test_network_connector_hands_over_like_shared_memory(engine_dir):
-    """The TCP connector (context and generation servers on different hosts; loopback here)."""
-    ctx = LLMEngine.from_engine_dir(engine_dir, RuntimeConfig(phase="context", kv_connector="tcp://127.0.0.1:0"))
-    gen = LLMEngine.from_engine_dir(engine_dir, RuntimeConfig(phase="generation"))
+def test_network_connector_hands_over_like_shared_memory(engine_dir, tmp_path):
+    """The TCP connector (context and generation servers on different hosts; loopback here),
+    both sides given the same key file."""
+    key = tmp_path / "kv.key"
+    key.write_text(os.urandom(32).hex())
+    key.chmod(0o600)
+    ctx = LLMEngine.from_engine_dir(engine_dir, RuntimeConfig(phase="context", kv_connector="tcp://127.0.0.1:0",
+                                                              kv_auth_key_file=str(key)))
+    gen = LLMEngine.from_engine_dir(engine_dir, RuntimeConfig(phase="generation", kv_peers="127.0.0.1",
+                                                              kv_auth_key_file=str(key)))
     try:
         params = [SamplingParams(max_tokens=10, ignore_eos=True, temperature=0.8, seed=3) for _ in PROMPTS]
         colocated = LLMEngine.from_engine_dir(engine_dir).generate(PROMPTS, params)
