@@ -15,8 +15,10 @@ from trtforge.model_repo.params import AdapterOptions
 from trtforge.model_repo.phases import CPU_THREADS, CPUS, PHASE_DOCS, ROUTER, scheduler_fields
 from trtforge.models.errors import EngineLoadError
 
-CONTEXT_RUNTIME_FIELDS = ("handoff_timeout_s", "kv_connector", "kv_advertise_host")
-"""The RuntimeConfig fields only the context model takes (its KV handoff)."""
+CONTEXT_RUNTIME_FIELDS = ("handoff_timeout_s", "kv_connector", "kv_advertise_host", "kv_auth_key_file")
+"""The RuntimeConfig fields of the context model's KV handoff."""
+GENERATION_RUNTIME_FIELDS = ("kv_auth_key_file", "kv_peers")
+"""The RuntimeConfig fields of the generation model's KV handoff."""
 
 
 def _phase_options(fn):
@@ -33,9 +35,9 @@ def _phase_options(fn):
         fn = click.option(f"--{phase}-kv-cache-memory", dest + "kv_cache_memory", default=None,
                           help=f"KV cache memory of the {phase} model, e.g. 512MiB "
                                "(default: engine.json's budget).")(fn)
-        if phase == Phase.CONTEXT:  # --context-handoff-timeout-s, --context-kv-connector, …
-            fn = dataclass_options(RuntimeConfig, only=CONTEXT_RUNTIME_FIELDS, prefix=f"{phase}-",
-                                   dest_prefix=dest)(fn)
+        # --context-handoff-timeout-s, --context-kv-connector, …, --generation-kv-peers
+        fields = CONTEXT_RUNTIME_FIELDS if phase == Phase.CONTEXT else GENERATION_RUNTIME_FIELDS
+        fn = dataclass_options(RuntimeConfig, only=fields, prefix=f"{phase}-", dest_prefix=dest)(fn)
         fn = dataclass_options(SchedulerConfig, only=scheduler_fields(phase), prefix=f"{phase}-",
                                dest_prefix=dest,
                                default_text="the engine's engine.json value, else {default}")(fn)
@@ -133,7 +135,8 @@ def _phase_values(options: dict[str, object], disaggregated: bool) -> dict[str, 
             kv_cache_memory=mine.get("kv_cache_memory"), cpus=mine.get("cpus") or "",
             cpu_threads=mine.get("cpu_threads"), instances=mine.get("instances") or 1,
             handoff_timeout_s=mine.get("handoff_timeout_s"), kv_connector=mine.get("kv_connector"),
-            kv_advertise_host=mine.get("kv_advertise_host"))
+            kv_advertise_host=mine.get("kv_advertise_host"),
+            kv_auth_key_file=mine.get("kv_auth_key_file"), kv_peers=mine.get("kv_peers"))
     return out
 
 
@@ -143,6 +146,25 @@ class _Shutdown(Exception):
 
 def _raise_shutdown(signum: int, _frame: object) -> None:
     raise _Shutdown(signal.Signals(signum).name)
+
+
+OPENAI_ONLY_OPTIONS = ("openai_host", "served_model_name", "api_key", "max_request_bytes",
+                       "max_prompt_chars")
+"""`serve` options that mean something only with --openai-port."""
+
+
+def _check_openai_options(openai_port: int | None) -> None:
+    """Refuse OpenAI options given on the command line without --openai-port: an --api-key that
+    protects nothing must not look as if it protected Triton's own ports."""
+    if openai_port is not None:
+        return
+    ctx = click.get_current_context()
+    given = [name for name in OPENAI_ONLY_OPTIONS
+             if ctx.get_parameter_source(name) == click.core.ParameterSource.COMMANDLINE]
+    if given:
+        flags = ", ".join("--" + name.replace("_", "-") for name in given)
+        raise click.UsageError(f"{flags}: options of the OpenAI-compatible API, which runs only with "
+                               "--openai-port (Triton's own HTTP/gRPC ports take no API key)")
 
 
 @click.command("serve")
@@ -161,24 +183,44 @@ def _raise_shutdown(signum: int, _frame: object) -> None:
 @click.option("--openai-port", type=int, default=None,
               help="Also serve an OpenAI-compatible API (/v1/completions, /v1/chat/completions, "
                    "/v1/models, /health) on this port, forwarding to Triton (0: any free port).")
-@click.option("--openai-host", default="0.0.0.0", show_default=True,
-              help="Interface the OpenAI-compatible API listens on.")
+@click.option("--openai-host", default="127.0.0.1", show_default=True,
+              help="Interface the OpenAI-compatible API listens on: loopback, this machine only. "
+                   "0.0.0.0 (or ::) opens it to the network; give it --api-key then.")
 @click.option("--served-model-name", default=None,
               help="Model id of the OpenAI-compatible API. Default: the engine directory's name.")
+@click.option("--api-key", envvar="TRTFORGE_API_KEY", show_envvar=True, default=None,
+              help="Require 'Authorization: Bearer KEY' on every route of the OpenAI-compatible API "
+                   "but /health (401 otherwise). Prefer the environment variable: other users see "
+                   "command lines in `ps`. Triton's own ports are not protected by it.")
+@click.option("--max-request-bytes", type=click.IntRange(min=1), default=None,
+              help="Largest request body the OpenAI-compatible API reads (413 beyond it). Default: "
+                   "6 bytes per --max-prompt-chars character, at least 1 MiB.")
+@click.option("--max-prompt-chars", type=click.IntRange(min=1), default=None,
+              help="Most characters of prompt text per OpenAI request (the prompt, or the messages' "
+                   "texts and names, plus stop strings), checked before tokenizing (400 beyond it). "
+                   "Default: 16 per token of the engine's max_seq_len.")
 def serve_command(repo: str, http_port: int, grpc_port: int, metrics_port: int,
                   tritonserver: str | None, ready_timeout: float, log_file: str | None,
                   openai_port: int | None, openai_host: str,
-                  served_model_name: str | None) -> None:
+                  served_model_name: str | None, api_key: str | None,
+                  max_request_bytes: int | None, max_prompt_chars: int | None) -> None:
     """Run Triton Inference Server on REPO in the foreground; Ctrl-C / SIGTERM stops it.
 
     With --openai-port, an OpenAI-compatible API runs beside it, forwarding to Triton."""
+    from trtforge.frontend.guard import Limits
     from trtforge.frontend.service import OpenAIFrontend
     from trtforge.model_repo.launcher import TritonServer
 
+    _check_openai_options(openai_port)
+    try:
+        limits = Limits(api_key=api_key or None, max_request_bytes=max_request_bytes,
+                        max_prompt_chars=max_prompt_chars)
+    except ValueError as exc:
+        raise click.BadParameter(str(exc)) from None
     server = TritonServer(Path(repo), http_port=http_port, grpc_port=grpc_port,
                           metrics_port=metrics_port, tritonserver=tritonserver,
                           log_file=Path(log_file) if log_file else None)
-    frontend = OpenAIFrontend(repo, openai_host, openai_port, served_model_name)
+    frontend = OpenAIFrontend(repo, openai_host, openai_port, served_model_name, limits)
     previous = {s: signal.signal(s, _raise_shutdown) for s in (signal.SIGINT, signal.SIGTERM)}
     try:
         frontend.prepare()  # a repository it cannot serve fails before Triton starts

@@ -6,6 +6,7 @@ repository `trtforge emit-repo` writes:
 
 * schemas.py, responses.py   typed request/response models (the OpenAPI schema comes from them)
 * errors.py                  OpenAI error objects and the status each failure gets
+* guard.py                   before the API: request ids, the API key, the body cap, a net for bugs
 * served_model.py            what is served: name, engine dir, tokenizer (chat template), limits
 * triton_bridge.py           one Triton request per API request, cancellable
 * generation.py              API request -> ensemble inputs; usage and finish reason from outputs

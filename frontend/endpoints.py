@@ -4,19 +4,27 @@ Both build a prompt, send it to the ensemble, and answer either at once (with `u
 server-sent events ending in `data: [DONE]`. A streamed request waits for the model's first
 response before answering, so a request the model refuses (e.g. a prompt longer than the
 engine's max_seq_len) still gets its 400 status rather than a 200 stream holding an error.
+
+The prompt's size is checked before anything tokenizes it (400 beyond `max_prompt_chars`), and
+the chat template and token counts run on a small thread pool (`app.state.tokenizer_pool`), not
+on the event loop, so that a large or slow prompt does not hold up the other requests' streams.
 """
 
 from __future__ import annotations
 
+import asyncio
+import contextvars
+import functools
 import time
 import uuid
 from dataclasses import dataclass
-from typing import AsyncIterator, Callable
+from typing import Any, AsyncIterator, Callable, TypeVar
 
 from fastapi import Request, Response
 
-from trtforge.frontend.errors import APIError, model_not_found
+from trtforge.frontend.errors import INTERNAL_ERROR, REQUEST_ID, APIError, bad_request, log, model_not_found
 from trtforge.frontend.generation import Tally, chat_logprobs, completion_logprobs, ensemble_inputs
+from trtforge.frontend.guard import Limits
 from trtforge.frontend.responses import (
     ChatChoice,
     ChatChunkChoice,
@@ -33,6 +41,8 @@ from trtforge.frontend.streaming import DONE, ClientGone, SSEResponse, sse, sse_
 from trtforge.frontend.triton_bridge import Piece, TritonBridge
 
 COMPLETIONS_DEFAULT_MAX_TOKENS = 16  # OpenAI's default for the legacy completions API
+
+T = TypeVar("T")
 
 
 @dataclass
@@ -76,6 +86,31 @@ def _check_model(request: Request, model: str) -> ServedModel:
     return served
 
 
+def _check_prompt_size(request: Request, texts: list[str], body: SamplingFields,
+                       param: str) -> None:
+    """400 when the prompt text (with the stop strings) is over the cap: before tokenizing."""
+    limits: Limits = request.app.state.limits
+    chars = sum(map(len, texts)) + sum(map(len, body.stop_list()))
+    if chars > limits.max_prompt_chars:
+        raise bad_request(
+            f"The {param} and stop strings hold {chars} characters; this server takes at most "
+            f"{limits.max_prompt_chars} (`trtforge serve --max-prompt-chars`).", param=param,
+            code="prompt_too_long")
+
+
+async def _offload(request: Request, fn: Callable[..., T], *args: Any) -> T:
+    """fn(*args) on the tokenizer pool: the event loop keeps serving the other requests."""
+    loop = asyncio.get_running_loop()
+    job = functools.partial(contextvars.copy_context().run, fn, *args)  # the request id, too
+    return await loop.run_in_executor(request.app.state.tokenizer_pool, job)
+
+
+async def _settle(request: Request, tally: Tally) -> None:
+    """Count the prompt's tokens off the loop when the model did not say (usage's fallback)."""
+    if tally.num_input_tokens is None:
+        tally.num_input_tokens = await _offload(request, tally.served.count_tokens, tally.prompt)
+
+
 async def _stream(request: Request, call: Call, body: SamplingFields,
                   chunks: Callable[[Piece, list[str]], str | None],
                   head: str | None, tail: Callable[[str], str],
@@ -97,10 +132,14 @@ async def _stream(request: Request, call: Call, body: SamplingFields,
                     yield chunk
             yield tail(call.tally.finish_reason())
             if body.include_usage():
+                await _settle(request, call.tally)
                 yield usage_chunk()
             yield DONE
         except APIError as exc:
             yield sse_error(exc)
+        except Exception:  # noqa: BLE001 - a bug, after the status was sent: logged, a generic event
+            log.exception("request %s: unexpected error in a stream", REQUEST_ID.get())
+            yield sse_error(APIError(500, INTERNAL_ERROR, "server_error"))
         finally:
             await call.pieces.aclose()  # type: ignore[attr-defined]
 
@@ -119,6 +158,7 @@ async def _collect(request: Request, call: Call) -> bool:
 async def create_completion(body: CompletionRequest, request: Request) -> Response | Completion:
     """POST /v1/completions."""
     _check_model(request, body.model)
+    _check_prompt_size(request, [body.prompt_text()], body, "prompt")
     max_tokens = body.max_tokens or COMPLETIONS_DEFAULT_MAX_TOKENS
     call = await _call(request, body, body.prompt_text(), max_tokens, "cmpl")
     want_logprobs = body.logprobs is not None
@@ -144,6 +184,7 @@ async def create_completion(body: CompletionRequest, request: Request) -> Respon
     if not await _collect(request, call):
         return Response(status_code=499)
     tally = call.tally
+    await _settle(request, tally)
     logprobs = completion_logprobs(tally.token_texts, tally.logprobs) if want_logprobs else None
     answer = chunk([CompletionChoice(text=tally.text, logprobs=logprobs,
                                      finish_reason=tally.finish_reason())])
@@ -154,10 +195,13 @@ async def create_chat_completion(body: ChatCompletionRequest,
                                  request: Request) -> Response | ChatCompletion:
     """POST /v1/chat/completions."""
     served = _check_model(request, body.model)
-    prompt = served.chat_prompt(body.messages)
+    _check_prompt_size(request, [part for m in body.messages for part in (m.text(), m.name or "")],
+                       body, "messages")
+    prompt = await _offload(request, served.chat_prompt, body.messages)
     # Without a limit a reply may use the rest of the context (as OpenAI). A prompt that leaves
     # no room is sent with 1 so that the engine refuses it with its own message.
-    max_tokens = body.token_limit() or max(1, served.max_seq_len - served.count_tokens(prompt))
+    max_tokens = body.token_limit() or max(
+        1, served.max_seq_len - await _offload(request, served.count_tokens, prompt))
     call = await _call(request, body, prompt, max_tokens, "chatcmpl")
     want_logprobs = bool(body.logprobs)
     usage_excluded = None if body.include_usage() else {"usage"}
@@ -184,6 +228,7 @@ async def create_chat_completion(body: ChatCompletionRequest,
     if not await _collect(request, call):
         return Response(status_code=499)
     tally = call.tally
+    await _settle(request, tally)
     choice = ChatChoice(message=ChatResponseMessage(content=tally.text),
                         logprobs=chat_logprobs(tally.token_texts, tally.logprobs)
                         if want_logprobs else None,

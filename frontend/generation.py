@@ -81,20 +81,23 @@ class Tally:
             self.num_output_tokens = piece.num_output_tokens
         return texts
 
+    def completion_tokens(self) -> int:
+        # The model's own count; each generated token carried one log-probability, so the
+        # fallback is exact too.
+        return len(self.logprobs) if self.num_output_tokens is None else self.num_output_tokens
+
     def usage(self) -> Usage:
-        # The model's own counts; each generated token carried one log-probability, so the
-        # fallbacks are exact too (the prompt is encoded as the engine encodes it).
+        # The model's own prompt count; the fallback encodes the prompt as the engine does (the
+        # endpoints run it off the event loop first: endpoints._settle).
         prompt = self.num_input_tokens
         if prompt is None:
             prompt = self.served.count_tokens(self.prompt)
-        completion = self.num_output_tokens
-        if completion is None:
-            completion = len(self.logprobs)
+        completion = self.completion_tokens()
         return Usage(prompt_tokens=prompt, completion_tokens=completion,
                      total_tokens=prompt + completion)
 
     def finish_reason(self) -> FinishReason:
-        return "length" if self.usage().completion_tokens >= self.max_tokens else "stop"
+        return "length" if self.completion_tokens() >= self.max_tokens else "stop"
 
 
 def completion_logprobs(texts: list[str], logprobs: list[float],

@@ -52,12 +52,16 @@ class Piece:
 
 
 def error_for_message(message: str) -> APIError:
-    """The API error for an error response of the model or of Triton."""
+    """The API error for an error response of the model or of Triton. A refusal (4xx) passes the
+    model's message on; otherwise the client learns only the kind of failure (503: the marker
+    found), and the message goes to the log."""
     lowered = message.lower()
     if lowered.startswith("bad request"):  # the ensemble's prefix for a request it refuses
         return bad_request(message)
-    if any(marker in lowered for marker in _UNAVAILABLE_MARKERS):
-        return unavailable(f"The model cannot take this request now: {message}")
+    marker = next((m for m in _UNAVAILABLE_MARKERS if m in lowered), None)
+    if marker is not None:
+        return unavailable(f"The model cannot take this request now ({marker}); retry later",
+                           detail=f"Triton answered: {message}")
     return server_error(f"Triton answered with an error: {message}")
 
 
@@ -66,11 +70,11 @@ def error_for_rpc(exc: grpc.aio.AioRpcError, url: str) -> APIError:
     code = exc.code()
     if code in (grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.RESOURCE_EXHAUSTED,
                 grpc.StatusCode.DEADLINE_EXCEEDED):
-        return unavailable(f"Triton at {url} is unavailable or overloaded "
-                           f"({code.name}: {exc.details()}); retry later.")
+        return unavailable(f"Triton is unavailable or overloaded ({code.name}); retry later",
+                           detail=f"gRPC to {url}: {code.name}: {exc.details()}")
     if code == grpc.StatusCode.INVALID_ARGUMENT:
         return bad_request(f"Triton refused the request: {exc.details()}")
-    return server_error(f"Triton call failed ({code.name}: {exc.details()})")
+    return server_error(f"gRPC to {url} failed ({code.name}: {exc.details()})")
 
 
 def infer_request(model: str, arrays: dict[str, np.ndarray],
@@ -155,8 +159,8 @@ class TritonBridge:
                 yield piece
                 if finished:
                     return
-            raise unavailable(f"Triton at {self.url} closed the stream before the request "
-                              "finished (is it shutting down?); retry later.")
+            raise unavailable("Triton closed the stream before the request finished (is it "
+                              "shutting down?); retry later", detail=f"gRPC stream to {self.url}")
         except grpc.aio.AioRpcError as exc:
             raise error_for_rpc(exc, self.url) from None
         finally:

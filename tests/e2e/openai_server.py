@@ -47,12 +47,15 @@ class ServeProcess:
             return self.proc.wait()
 
 
-def start_serve(repo: Path, log: Path, *extra: str, timeout_s: float = 240) -> ServeProcess:
-    """Start `trtforge serve REPO` on free ports and wait for both servers' ready lines."""
+def start_serve(repo: Path, log: Path, *extra: str, timeout_s: float = 240,
+                env: dict[str, str] | None = None) -> ServeProcess:
+    """Start `trtforge serve REPO` on free ports and wait for both servers' ready lines; `env`
+    is added to the environment (TRTFORGE_API_KEY is removed from it unless given there)."""
     cmd = [str(BIN / "trtforge"), "serve", str(repo), "--http-port", "0", "--grpc-port", "0",
            "--metrics-port", "0", "--openai-port", "0", "--log-file", str(log), *extra]
+    base = {k: v for k, v in os.environ.items() if k != "TRTFORGE_API_KEY"}
     proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
-                            env={**os.environ, "PYTHONUNBUFFERED": "1"})
+                            env={**base, "PYTHONUNBUFFERED": "1", **(env or {})})
     lines: queue.Queue = queue.Queue()
     output: list[str] = []
 

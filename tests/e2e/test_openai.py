@@ -1,14 +1,17 @@
 """The OpenAI-compatible endpoint of `trtforge serve --openai-port`, called with the `openai` SDK.
 
 One `trtforge serve` (real tritonserver + the API) serves the tiny e2e engine for the module; the
-oracle is the in-process engine's greedy output (LLMEngine.generate). The count of tests here is
-checked in conftest.EXPECTED_TESTS; keep it in step. The schema fuzz test is in
+oracle is the in-process engine's greedy output (LLMEngine.generate). The server needs an API key
+(TRTFORGE_API_KEY), so every request here carries it but those that attack it. The count of tests
+here is checked in conftest.EXPECTED_TESTS; keep it in step. The schema fuzz test is in
 test_openai_fuzz.py (its own server, so that this file stays quick).
 """
 
 from __future__ import annotations
 
+import dataclasses
 import json
+import logging
 import shutil
 import socket
 import urllib.error
@@ -32,6 +35,8 @@ CHATS = [[{"role": "user", "content": "Hi there"}],
          [{"role": "system", "content": "Be brief."},
           {"role": "user", "content": [{"type": "text", "text": "Tell me a story"}]}]]
 MAX_TOKENS = 12
+KEY = "sk-e2e-5f1c0a9b"
+AUTH = {"Authorization": f"Bearer {KEY}"}
 
 
 @dataclass
@@ -68,9 +73,10 @@ def api(engine_dir, tmp_path_factory):
 
     root = tmp_path_factory.mktemp("openai")
     run_cli("trtforge", "emit-repo", str(engine_dir), str(root / "repo"))
-    serve = start_serve(root / "repo", root / "tritonserver.log", "--served-model-name", NAME)
+    serve = start_serve(root / "repo", root / "tritonserver.log", "--served-model-name", NAME,
+                        env={"TRTFORGE_API_KEY": KEY})
     try:
-        client = openai.OpenAI(base_url=serve.openai_url, api_key="unused", max_retries=0,
+        client = openai.OpenAI(base_url=serve.openai_url, api_key=KEY, max_retries=0,
                                timeout=120)
         yield Api(serve, client, LLMEngine.from_engine_dir(engine_dir), Path(engine_dir))
     finally:
@@ -84,13 +90,24 @@ def _stream_text(stream) -> tuple[str, list]:
     return text, chunks
 
 
-def test_models_health_and_served_name(api):
+def test_models_health_served_name_and_loopback_default(api):
     assert [m.id for m in api.client.models.list().data] == [NAME]
     assert api.client.models.retrieve(NAME).id == NAME
     with pytest.raises(openai.NotFoundError):
         api.client.models.retrieve(api.engine_dir.name)  # renamed by --served-model-name
+    # /health needs no key (liveness probes); /v1 routes do.
     with urllib.request.urlopen(api.serve.openai_url.removesuffix("/v1") + "/health") as resp:
         assert resp.status == 200 and json.loads(resp.read()) == {"status": "ok"}
+    with pytest.raises(urllib.error.HTTPError) as info:
+        urllib.request.urlopen(api.serve.openai_url + "/models", timeout=30)
+    assert info.value.code == 401 and json.loads(info.value.read())["error"]["code"] == "invalid_api_key"
+    # No --openai-host: loopback only, and the banner says where it really listens.
+    host, port = urllib.parse.urlsplit(api.serve.openai_url).netloc.split(":")
+    assert host == "127.0.0.1"
+    assert any("listening on this machine only (loopback); API key required" in line
+               for line in api.serve.output)
+    with pytest.raises(ConnectionRefusedError):
+        socket.create_connection(("127.0.0.2", int(port)), timeout=5)
 
 
 def test_completions_equal_greedy_engine_output_with_usage(api):
@@ -180,7 +197,25 @@ def test_stop_strings_cut_the_text_with_finish_reason_stop(api):
     assert chunks[-1].choices[0].finish_reason == "stop"
 
 
-def test_16_concurrent_requests_are_all_correct(api):
+def _unauthorized(url: str, key: str | None) -> int:
+    """A streamed completion sent with a missing or wrong key: the status it gets."""
+    headers = {"Content-Type": "application/json", **({"Authorization": key} if key else {})}
+    request = urllib.request.Request(url + "/completions", headers=headers, data=json.dumps(
+        dict(model=NAME, prompt=PROMPTS[0], max_tokens=MAX_TOKENS, stream=True)).encode())
+    try:
+        urllib.request.urlopen(request, timeout=60)
+    except urllib.error.HTTPError as exc:
+        assert json.loads(exc.read())["error"]["code"] == "invalid_api_key"
+        return exc.code
+    return 200
+
+
+def test_16_concurrent_requests_are_all_correct_beside_bad_keys(api):
+    """Good keyed requests get exactly their text while requests without the key, with a wrong
+    one, or with the key in the wrong scheme get 401 at the same time."""
+    bad = [None, "Bearer wrong", f"Bearer {KEY}x", f"Basic {KEY}", KEY, f"Bearer {KEY[:-1]}"]
+    wrong_client = openai.OpenAI(base_url=api.serve.openai_url, api_key="wrong", max_retries=0,
+                                 timeout=60)
     jobs = [(i % 4, PROMPTS[i % len(PROMPTS)], CHATS[i % len(CHATS)]) for i in range(16)]
     want = {p: api.greedy(p).text for p in PROMPTS}
     want.update({json.dumps(m): api.greedy(api.chat_prompt(m)).text for m in CHATS})
@@ -200,14 +235,23 @@ def test_16_concurrent_requests_are_all_correct(api):
         return key, _stream_text(api.client.chat.completions.create(
             messages=messages, stream=True, **common))[0]
 
-    with ThreadPoolExecutor(16) as pool:
+    def sdk_with_wrong_key() -> str:
+        with pytest.raises(openai.AuthenticationError) as info:
+            wrong_client.chat.completions.create(model=NAME, messages=CHATS[0], max_tokens=4)
+        return info.value.body["code"]
+
+    with ThreadPoolExecutor(16 + len(bad) + 1) as pool:
+        refused = [pool.submit(_unauthorized, api.serve.openai_url, key) for key in bad]
+        sdk = pool.submit(sdk_with_wrong_key)
         results = list(pool.map(run, jobs))
     assert [text for _, text in results] == [want[key] for key, _ in results]
+    assert [f.result() for f in refused] == [401] * len(bad)
+    assert sdk.result() == "invalid_api_key"
 
 
 def _post(api: Api, path: str, body: bytes) -> tuple[int, dict]:
     request = urllib.request.Request(api.serve.openai_url + path, data=body,
-                                     headers={"Content-Type": "application/json"})
+                                     headers={"Content-Type": "application/json", **AUTH})
     try:
         with urllib.request.urlopen(request, timeout=60) as resp:
             return resp.status, json.loads(resp.read())
@@ -242,12 +286,30 @@ def test_documented_errors_have_their_status_and_error_object(api):
     assert _post(api, "/completions", b"{not json")[0] == 400
     with pytest.raises(openai.BadRequestError, match="n=3 is not supported"):
         api.client.completions.create(model=NAME, prompt="Hi", n=3)
+    # The size caps (defaults: 16 characters per token of max_seq_len; the body 6 bytes per
+    # character, at least 1 MiB): a prompt over the cap is refused before anything tokenizes it
+    # (`code` prompt_too_long is the front end's, not the model's), a body over it unread.
+    cap = 16 * api.max_seq_len
+    for path, body, param in [
+            ("/completions", {**ok, "prompt": "x" * (cap + 1)}, "prompt"),
+            ("/completions", {**ok, "prompt": "x" * cap, "stop": ["y"]}, "prompt"),
+            ("/chat/completions", {**chat, "messages": [{"role": "user", "content": "x" * (cap + 1)}],
+                                   "stream": True}, "messages")]:
+        code, answer = _post(api, path, json.dumps(body).encode())
+        assert (code, answer["error"]["code"], answer["error"]["param"]) \
+            == (400, "prompt_too_long", param), answer
+    limit = max(1 << 20, 6 * cap)
+    for body in (json.dumps({**ok, "user": "u" * limit}).encode(), b"{" * (limit + 1)):
+        code, answer = _post(api, "/completions", body)
+        assert (code, answer["error"]["code"]) == (413, "request_too_large"), answer
+    answer = api.client.completions.create(model=NAME, prompt="Hi", max_tokens=4, temperature=0)
+    assert answer.choices[0].text == api.greedy("Hi", max_tokens=4).text
 
 
 def _open(api: Api, body: dict, timeout_s: float):
     request = urllib.request.Request(api.serve.openai_url + "/completions",
                                      data=json.dumps(body).encode(),
-                                     headers={"Content-Type": "application/json"})
+                                     headers={"Content-Type": "application/json", **AUTH})
     return urllib.request.urlopen(request, timeout=timeout_s)
 
 
@@ -285,18 +347,21 @@ def _leave_non_streamed(api: Api, body: dict) -> float:
     data = json.dumps(body).encode()
     with socket.create_connection((host, int(port))) as sock:
         sock.sendall(b"POST /v1/completions HTTP/1.1\r\nHost: x\r\nContent-Type: "
-                     b"application/json\r\nContent-Length: %d\r\n\r\n%s" % (len(data), data))
+                     b"application/json\r\nAuthorization: Bearer %s\r\nContent-Length: %d\r\n\r\n%s"
+                     % (KEY.encode(), len(data), data))
         assert wait_for(lambda: api.serve.metric("trtforge_generation_tokens_total") > before)
     assert wait_for(lambda: api.serve.metric("trtforge_requests_running") == 0)
     return api.serve.metric("trtforge_generation_tokens_total") - before
 
 
-def test_triton_gone_is_503_and_no_chat_template_is_400(api, tmp_path):
+def test_triton_gone_503_no_chat_template_400_and_a_bug_500(api, tmp_path, caplog):
     """The same API, in process, on an engine copy without a chat template and a Triton address
-    nothing listens on: the failures a client can meet when the model cannot answer."""
+    nothing listens on: the failures a client can meet when the model cannot answer. Then a
+    forced internal error, on the real Triton: a generic 500, the exception only in the log."""
     from trtforge.frontend.served_model import load_served_model
     from trtforge.frontend.server import OpenAIServer, create_app
     from trtforge.model_repo.launcher import free_port
+    from trtforge.models.engine_dir import read_engine_config, write_engine_json
 
     engine = tmp_path / "no-template"
     shutil.copytree(api.engine_dir, engine)
@@ -304,6 +369,8 @@ def test_triton_gone_is_503_and_no_chat_template_is_400(api, tmp_path):
     config = json.loads((engine / "tokenizer_config.json").read_text())
     config.pop("chat_template", None)
     (engine / "tokenizer_config.json").write_text(json.dumps(config))
+    # engine.json records each file's sha256 (the front end verifies them): record the new set.
+    write_engine_json(engine, read_engine_config(engine, verify_checksums=False))
     run_cli("trtforge", "emit-repo", str(engine), str(tmp_path / "repo"))
     served = load_served_model(tmp_path / "repo")
     port = free_port()
@@ -320,5 +387,40 @@ def test_triton_gone_is_503_and_no_chat_template_is_400(api, tmp_path):
         with pytest.raises(urllib.error.HTTPError) as health:
             urllib.request.urlopen(f"http://127.0.0.1:{port}/health", timeout=30)
         assert health.value.code == 503
+        assert "127.0.0.1" not in str(info.value) and "127.0.0.1" not in health.value.read().decode()
+    finally:
+        server.stop()
+
+    _a_bug_is_a_generic_500(api, dataclasses.replace(served, name=NAME), port, caplog)
+
+
+def _a_bug_is_a_generic_500(api: Api, served, port: int, caplog) -> None:
+    """A forced internal error (the chat prompt builder raises) in an app on the real Triton."""
+    from trtforge.frontend.server import OpenAIServer, create_app
+
+    secret = "template exploded in /opt/internal/secret.py"
+
+    def broken_template(messages):
+        raise RuntimeError(secret)
+
+    served.chat_prompt = broken_template  # a bug in the front end, not a bad request
+    caplog.set_level(logging.WARNING, logger="trtforge.frontend")
+    server = OpenAIServer(create_app(served, api.serve.grpc_url), "127.0.0.1", port).start()
+    try:
+        client = openai.OpenAI(base_url=f"http://127.0.0.1:{port}/v1", api_key="x",
+                               max_retries=0)
+        for stream in (False, True):
+            with pytest.raises(openai.InternalServerError) as info:
+                client.chat.completions.create(model=NAME, messages=CHATS[0], stream=stream)
+            request_id = info.value.response.headers["x-request-id"]
+            assert info.value.status_code == 500 and info.value.body == {
+                "message": f"The server had an error while processing your request (request id "
+                           f"{request_id}).", "type": "server_error", "param": None, "code": None}
+            assert "secret" not in info.value.response.text and "RuntimeError" not in info.value.response.text
+            assert request_id in caplog.text and secret in caplog.text
+        # The same server still serves: completions do not go through the broken template.
+        answer = client.completions.create(model=NAME, prompt=PROMPTS[0], max_tokens=MAX_TOKENS,
+                                           temperature=0)
+        assert answer.choices[0].text == api.greedy(PROMPTS[0]).text
     finally:
         server.stop()
