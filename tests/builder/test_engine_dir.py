@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 from click.testing import CliRunner
 
-from tests.helpers.checkpoints import make_checkpoint
+from tests.helpers.checkpoints import build_tiny_engine, make_checkpoint
 from trtforge.builder.build_config import BuildConfig
 from trtforge.builder.report import make_report
 from trtforge.cli.main import main
@@ -21,14 +21,8 @@ from trtforge.models.model_config import ModelConfig
 
 @pytest.fixture(scope="module")
 def engine(tmp_path_factory) -> Path:
-    tmp = tmp_path_factory.mktemp("eng")
-    ckpt = make_checkpoint(tmp / "ckpt", "llama")
-    out = tmp / "engine"
-    result = CliRunner().invoke(main, ["build", str(ckpt), "-o", str(out), "--dtype", "float32",
-                                       "--max-seq-len", "256", "--kv-cache-memory", "8MiB", "-q",
-                                       "--schedule", "prefill_chunk_size=64"])
-    assert result.exit_code == 0, result.output
-    return out
+    return build_tiny_engine(tmp_path_factory.mktemp("eng"), "llama", "--max-seq-len", "256",
+                             "--kv-cache-memory", "8MiB", "--schedule", "prefill_chunk_size=64")
 
 
 def test_engine_directory_contents(engine):

@@ -9,23 +9,14 @@ import shutil
 from pathlib import Path
 
 import pytest
-from click.testing import CliRunner
 
-from tests.helpers.checkpoints import make_checkpoint
+from tests.helpers.checkpoints import build_tiny_engine
 from trtforge.frontend.served_model import load_served_model
 
 
 @pytest.fixture(scope="module")
 def engine(tmp_path_factory) -> Path:
-    from trtforge.cli.main import main
-
-    tmp = tmp_path_factory.mktemp("eng")
-    ckpt = make_checkpoint(tmp / "ckpt", "qwen2")
-    out = tmp / "engine"
-    result = CliRunner().invoke(main, ["build", str(ckpt), "-o", str(out), "--dtype", "float32",
-                                       "--max-seq-len", "64", "--kv-cache-memory", "2MiB", "-q"])
-    assert result.exit_code == 0, result.output
-    return out
+    return build_tiny_engine(tmp_path_factory.mktemp("eng"), "qwen2")
 
 
 def _repo(tmp_path: Path, engine_dir: Path) -> Path:

@@ -69,3 +69,19 @@ def make_checkpoint(directory: Path, arch: str = "qwen2", seed: int = 0, init_st
 def make_variant(directory: Path, variant: str, **extra: Any) -> Path:
     spec = dict(VARIANTS[variant])
     return make_checkpoint(directory, **{**spec, **extra})
+
+
+def build_tiny_engine(directory: Path, arch: str = "llama", *options: str) -> Path:
+    """A float32 engine of a tiny random `arch` checkpoint, built in `directory` by the real
+    `trtforge build` command (default limits: 64 tokens, 2 MiB of KV; `options` add or override)."""
+    from click.testing import CliRunner
+
+    from trtforge.cli.main import main
+
+    ckpt = make_checkpoint(directory / "ckpt", arch)
+    out = directory / "engine"
+    args = ["build", str(ckpt), "-o", str(out), "--dtype", "float32", "--max-seq-len", "64",
+            "--kv-cache-memory", "2MiB", "-q", *options]
+    result = CliRunner().invoke(main, args)
+    assert result.exit_code == 0, result.output
+    return out

@@ -10,9 +10,8 @@ import shutil
 from pathlib import Path
 
 import pytest
-from click.testing import CliRunner
 
-from tests.helpers.checkpoints import make_checkpoint
+from tests.helpers.checkpoints import build_tiny_engine
 from trtforge.models.engine_dir import ENGINE_JSON, plain_name, read_engine_config, sha256
 from trtforge.models.errors import EngineLoadError
 
@@ -21,15 +20,7 @@ REBUILD = "build-engine CHECKPOINT --output"
 
 @pytest.fixture(scope="module")
 def engine(tmp_path_factory) -> Path:
-    from trtforge.cli.main import main
-
-    tmp = tmp_path_factory.mktemp("eng")
-    ckpt = make_checkpoint(tmp / "ckpt", "llama")
-    out = tmp / "engine"
-    result = CliRunner().invoke(main, ["build", str(ckpt), "-o", str(out), "--dtype", "float32",
-                                       "--max-seq-len", "64", "--kv-cache-memory", "2MiB", "-q"])
-    assert result.exit_code == 0, result.output
-    return out
+    return build_tiny_engine(tmp_path_factory.mktemp("eng"), "llama")
 
 
 @pytest.fixture
