@@ -14,7 +14,9 @@ cancelled gRPC stream or a closed HTTP `/generate_stream` kept generating and ho
 until max_tokens. Served directly, the python model sees `is_cancelled()` for both and frees the
 request's blocks at once. Clients see the same name, inputs and outputs either way.
 
-Engines built with `--backend trtllm` get TensorRT-LLM's own repository instead (trtllm/emit.py);
+Engines built with `--backend trtllm` get TensorRT-LLM's own repository instead (trtllm/emit.py),
+and TrtllmOptions(repo="llmapi") writes TensorRT-LLM's LLM-API repository for a Hugging Face checkpoint,
+with no engine at all (trtllm/emit_llmapi.py);
 `disaggregated` writes context, generation and a router (disaggregated.py). The config messages
 and model directories are written by pbtxt.py.
 """
@@ -32,6 +34,7 @@ from trtforge.model_repo.params import AdapterOptions, parameter_docs, runtime_p
 from trtforge.model_repo.pbtxt import config_text, python_model_config, write_model
 from trtforge.model_repo.python_models import ENGINE_PY
 from trtforge.model_repo.trtllm.emit import emit_trtllm_repo
+from trtforge.model_repo.trtllm.values import TrtllmOptions
 from trtforge.models.engine_dir import ENGINE_JSON, EngineConfig, read_engine_config
 
 
@@ -59,7 +62,7 @@ def emit_repo(engine_dir: str | os.PathLike, repo_dir: str | os.PathLike, *,
               exclude_input_in_output: bool = AdapterOptions.exclude_input_in_output,
               drain_timeout_s: float = AdapterOptions.finalize_drain_timeout_s,
               kv_cache_memory: str | None = None,
-              trtllm_models_dir: str | os.PathLike | None = None,
+              trtllm_models_dir: str | os.PathLike | TrtllmOptions | None = None,
               disaggregated: bool | DisaggregatedOptions = False, **scheduler_overrides: Any) -> Path:
     """Write (or replace) the `ensemble` model of `repo_dir` for `engine_dir`.
 
@@ -69,16 +72,28 @@ def emit_repo(engine_dir: str | os.PathLike, repo_dir: str | os.PathLike, *,
 
     disaggregated: write `context` and `generation` models and a router `ensemble` instead
     (model_repo/disaggregated.py), with their DisaggregatedOptions (True: the defaults).
+
+    trtllm_models_dir: for TensorRT-LLM (docs/tensorrt-llm.md), the image's
+    all_models/inflight_batcher_llm, or a TrtllmOptions holding it and the choices of repository
+    (repo="llmapi": engine_dir is then a Hugging Face checkpoint or hub id), release (version) and
+    drift override (allow_drift; without it, a difference raises TrtllmDrift).
     """
+    trtllm = (trtllm_models_dir if isinstance(trtllm_models_dir, TrtllmOptions)
+              else TrtllmOptions(models_dir=trtllm_models_dir))
+    if trtllm.repo == "llmapi":
+        return _emit_llmapi(engine_dir, repo_dir, trtllm, disaggregated, kv_cache_memory, scheduler_overrides)
     engine_dir = Path(engine_dir).resolve()
     engine = read_engine(engine_dir)
     if engine.backend == "trtllm":  # served by Triton's tensorrtllm backend (model_repo/trtllm)
         return emit_trtllm_repo(engine_dir, repo_dir, engine, device=device,
                                 triton_max_batch_size=triton_max_batch_size,
                                 exclude_input_in_output=exclude_input_in_output,
-                                kv_cache_memory=kv_cache_memory, models_dir=trtllm_models_dir,
-                                disaggregated=bool(disaggregated), **scheduler_overrides)
-    if trtllm_models_dir is not None:
+                                kv_cache_memory=kv_cache_memory, disaggregated=bool(disaggregated),
+                                trtllm=trtllm, **scheduler_overrides)
+    if (trtllm.version, trtllm.allow_drift) != (None, None):
+        raise ValueError(f"TensorRT-LLM options are for engines built with --backend trtllm; {engine_dir} "
+                         f"has backend {engine.backend!r}.")
+    if trtllm.models_dir is not None:
         raise ValueError(f"--trtllm-models-dir is for engines built with --backend trtllm; "
                          f"{engine_dir} has backend {engine.backend!r}.")
     if triton_max_batch_size is None:  # the batch dimension clients send; one prompt each
@@ -105,3 +120,19 @@ def emit_repo(engine_dir: str | os.PathLike, repo_dir: str | os.PathLike, *,
                        _header(parameters))
     write_model(repo, ENSEMBLE, text, {"model.py": ENGINE_PY})
     return repo
+
+
+def _emit_llmapi(checkpoint: str | os.PathLike, repo_dir: str | os.PathLike, trtllm: TrtllmOptions,
+                 disaggregated: Any, kv_cache_memory: str | None, scheduler_overrides: dict[str, Any]) -> Path:
+    """The LLM-API repository: `checkpoint` is what TensorRT-LLM loads, not an engine directory."""
+    from trtforge.builder.build_config import BuildConfig
+    from trtforge.model_repo.trtllm.emit_llmapi import emit_llmapi_repo  # reads checkpoints (builder)
+
+    if (Path(checkpoint) / ENGINE_JSON).is_file():
+        raise ValueError(f"{checkpoint} is an engine directory; the llmapi repository serves a Hugging Face "
+                         "checkpoint with TensorRT-LLM's PyTorch backend: pass the checkpoint (or its hub id)")
+    if disaggregated:
+        raise ValueError("the llmapi repository has no disaggregated layout in trtforge; write the "
+                         "inflight_batcher_llm repository of a --backend trtllm engine instead")
+    build = BuildConfig(backend="trtllm", **({"kv_cache_memory": kv_cache_memory} if kv_cache_memory else {}))
+    return emit_llmapi_repo(checkpoint, repo_dir, build=build, trtllm=trtllm, **scheduler_overrides)

@@ -11,7 +11,9 @@ Steps (in the build's temporary directory, so a failure leaves nothing behind):
 Profiles: 0 = decode (1 … max_batch_size tokens), 1 = prefill/mixed (1 … max_num_tokens).
 Both allow 1 … max_batch_size sequences, block tables up to ceil(max_seq_len / block_size)
 columns and KV pools up to the number of blocks the build's KV budget buys. The executor runs a
-step with profile 0 when it has at most max_batch_size tokens, else with profile 1.
+step with profile 0 when it has at most max_batch_size tokens, else with profile 1. logits_indices
+starts at length 1 in both: a step that samples no row asks for one and drops it
+(serving/worker/trt_step.py), so plans built before that change still run such steps.
 """
 
 from __future__ import annotations

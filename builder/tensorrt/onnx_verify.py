@@ -1,5 +1,6 @@
 """Check an exported graph numerically on CPU: ONNX Runtime (+ the PagedAttention PyOp) against
-the torch network it came from, over a prefill step, a decode step and a mixed step.
+the torch network it came from, over a prefill step, a decode step, a mixed step, a step that
+samples no row (the first chunk of a longer prompt) and the chunk that finishes that prompt.
 
 Both sides start from zeroed KV pools. The torch network updates its pools in place; the ONNX
 graph returns `kv_cache_out_{i}`, which is fed back as `kv_cache_{i}` on the next step (what
@@ -18,13 +19,23 @@ import torch
 from trtforge.builder.tensorrt.onnx_export import LOGITS, kv_input_name, kv_output_name
 from trtforge.plugins.paged_attention.metadata import AttentionMetadata
 
-# (sequence id, new tokens) per step: two prompts; both decode; seq 0 decodes while a third
-# prompt is prefilled in the same step.
-DEFAULT_STEPS: tuple[tuple[tuple[int, int], ...], ...] = (
+# (sequence id, new tokens[, samples]) per step: two prompts; both decode; seq 0 decodes while a
+# third prompt is prefilled in the same step; a fourth prompt's first chunk, which stops short of
+# its end and so samples no row (logits_indices is empty: the step the TensorRT executor must
+# still run, serving/worker/trt_step.py); the chunk that finishes it.
+DEFAULT_STEPS: tuple[tuple[tuple, ...], ...] = (
     ((0, 5), (1, 3)),
     ((0, 1), (1, 1)),
     ((0, 1), (2, 4)),
+    ((3, 4, False),),
+    ((3, 2),),
 )
+
+
+def _chunk(spec: tuple) -> tuple[int, int, bool]:
+    """(seq, new tokens, samples) of one DEFAULT_STEPS entry (samples defaults to True)."""
+    seq, new, *rest = spec
+    return seq, new, bool(rest[0]) if rest else True
 
 
 @dataclass
@@ -33,6 +44,8 @@ class StepResult:
 
     new_tokens: list[int]
     """New tokens per sequence in this step."""
+    rows: int
+    """Logits rows compared (0 for a step that samples none: only its KV counts)."""
     max_abs_diff: float
     """max |logits_onnx - logits_torch| over the step's rows."""
     max_abs_logit: float
@@ -56,8 +69,9 @@ class VerifyReport:
                 and self.kv_max_abs_diff <= self.atol + self.rtol)
 
     def summary(self) -> str:
-        lines = [f"step {i}: new tokens {s.new_tokens}, max |Δlogits| = {s.max_abs_diff:.3g} "
-                 f"(max |logit| {s.max_abs_logit:.3g})" for i, s in enumerate(self.steps)]
+        lines = [f"step {i}: new tokens {s.new_tokens}, " + (
+                     f"max |Δlogits| = {s.max_abs_diff:.3g} (max |logit| {s.max_abs_logit:.3g})"
+                     if s.rows else "no row sampled (KV only)") for i, s in enumerate(self.steps)]
         lines.append(f"KV pools after the last step: max |Δ| = {self.kv_max_abs_diff:.3g}")
         lines.append(f"tolerance: atol {self.atol:g} + rtol {self.rtol:g}·max|logit| -> "
                      + ("OK" if self.ok else "MISMATCH"))
@@ -76,8 +90,8 @@ class _Batcher:
         return [1 + seq * self.width + j for j in range(self.width)]
 
     def step(self, spec, vocab: int, gen: torch.Generator) -> dict[str, torch.Tensor]:
-        ids, positions, slots, tables, seq_lens, qsl = [], [], [], [], [], [0]
-        for seq, new in spec:
+        ids, positions, slots, tables, seq_lens, qsl, rows = [], [], [], [], [], [0], []
+        for seq, new, samples in map(_chunk, spec):
             cached = self.lengths.get(seq, 0)
             if cached + new > self.width * self.block_size:
                 raise ValueError(f"sequence {seq} would outgrow its {self.width} blocks")
@@ -90,12 +104,14 @@ class _Batcher:
             tables.append(table)
             seq_lens.append(cached + new)
             qsl.append(qsl[-1] + new)
+            if samples:
+                rows.append(qsl[-1] - 1)
         return {"input_ids": torch.tensor(ids), "positions": torch.tensor(positions),
                 "slot_mapping": torch.tensor(slots),
                 "block_tables": torch.tensor(tables, dtype=torch.int32),
                 "seq_lens": torch.tensor(seq_lens, dtype=torch.int32),
                 "query_start_loc": torch.tensor(qsl, dtype=torch.int32),
-                "logits_indices": torch.tensor(qsl[1:]) - 1}
+                "logits_indices": torch.tensor(rows, dtype=torch.int64)}
 
 
 def verify(model: torch.nn.Module, onnx_path: str | Path, *, block_size: int,
@@ -111,7 +127,7 @@ def verify(model: torch.nn.Module, onnx_path: str | Path, *, block_size: int,
                          "export with `--dtype float32` to verify")
     totals: dict[int, int] = {}
     for spec in steps:
-        for seq, new in spec:
+        for seq, new, _ in map(_chunk, spec):
             totals[seq] = totals.get(seq, 0) + new
     width = math.ceil(max(totals.values()) / block_size)
     pool_shape = (2, 1 + (max(totals) + 1) * width, block_size, cfg.num_kv_heads, cfg.head_dim)
@@ -130,7 +146,7 @@ def verify(model: torch.nn.Module, onnx_path: str | Path, *, block_size: int,
     for spec in steps:
         batch = batcher.step(spec, cfg.vocab_size, gen)
         meta = AttentionMetadata(batch["slot_mapping"], batch["block_tables"], batch["seq_lens"],
-                                 batch["query_start_loc"], max(n for _, n in spec),
+                                 batch["query_start_loc"], max(c[1] for c in spec),
                                  int(batch["seq_lens"].max()))
         with torch.no_grad():
             expected = model(batch["input_ids"], batch["positions"], torch_pools, meta,
@@ -139,9 +155,13 @@ def verify(model: torch.nn.Module, onnx_path: str | Path, *, block_size: int,
         feed.update({kv_input_name(i): p for i, p in enumerate(onnx_pools)})
         names = [LOGITS, *(kv_output_name(i) for i in range(cfg.num_layers))]
         logits, *onnx_pools = session.run(names, feed)
-        report.steps.append(StepResult([n for _, n in spec],
-                                       float(np.abs(logits - expected).max()),
-                                       float(np.abs(expected).max())))
+        rows = int(expected.shape[0])
+        if logits.shape != expected.shape:
+            raise ValueError(f"the graph returned logits of shape {logits.shape} for a step whose torch "
+                             f"logits are {expected.shape}")
+        report.steps.append(StepResult([c[1] for c in spec], rows,
+                                       float(np.abs(logits - expected).max()) if rows else 0.0,
+                                       float(np.abs(expected).max()) if rows else 0.0))
     report.kv_max_abs_diff = max(float(np.abs(o - t.numpy()).max())
                                  for o, t in zip(onnx_pools, torch_pools))
     return report

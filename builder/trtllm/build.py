@@ -20,7 +20,7 @@ from typing import Any, Callable
 
 from trtforge.builder.build_config import BuildConfig
 from trtforge.builder.trtllm.options import TrtllmBuildOptions, check_block_size, trtllm_build_options
-from trtforge.builder.trtllm.versions import TARGET
+from trtforge.builder.trtllm.versions import ALLOW_DRIFT_ENV, TARGET, TrtllmDrift, TrtllmRelease, release_for
 from trtforge.models.errors import BuildError
 
 log = logging.getLogger(__name__)
@@ -44,11 +44,21 @@ def require_tensorrt_llm() -> Any:
     if not torch.cuda.is_available():
         raise BuildError("--backend trtllm builds on an NVIDIA GPU, and torch sees no CUDA device "
                          f"here; {INSTALL_HINT}.")
-    if getattr(tensorrt_llm, "__version__", None) != TARGET.tensorrt_llm:
-        log.warning("TensorRT-LLM %s is installed; trtforge's Triton repository follows the "
-                    "templates of %s (emit-repo --trtllm-models-dir compares them with this "
-                    "image's)", getattr(tensorrt_llm, "__version__", "?"), TARGET.tensorrt_llm)
+    check_installed_version(getattr(tensorrt_llm, "__version__", None))
     return tensorrt_llm
+
+
+def check_installed_version(installed: str | None, allow_drift: bool | None = None) -> TrtllmRelease:
+    """The recorded release of the installed TensorRT-LLM; BuildError when none is recorded (an
+    engine it builds would get a repository written for another release), unless overridden."""
+    try:
+        release = release_for(installed or "(unknown)", allow_drift, what="the installed TensorRT-LLM")
+    except TrtllmDrift as exc:
+        raise BuildError(f"--backend trtllm: {exc}") from None
+    if release.tensorrt_llm != installed:
+        log.warning("TensorRT-LLM %s is installed, which trtforge has no record of; going on as %s "
+                    "asks, with the interface of %s", installed, ALLOW_DRIFT_ENV, release.tensorrt_llm)
+    return release
 
 
 def trtllm_hook(checkpoint: str, build: BuildConfig) -> Callable[[Path, Any], None]:

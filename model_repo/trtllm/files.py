@@ -29,11 +29,13 @@ LAYOUTS = {False: ("ensemble", "preprocessing", "tensorrt_llm", "postprocessing"
 """The models of a repository, without and with disaggregated serving."""
 
 
-def model_files(model: str, source: Path | None) -> tuple[dict[str, Path], list[str]]:
-    """({dest: source file} to copy, ["REPO/model/1/dest  ← all_models/... "] still missing)."""
+def model_files(model: str, source: Path | None,
+                table: dict[str, str] | None = None) -> tuple[dict[str, Path], list[str]]:
+    """({dest: source file} to copy, ["REPO/model/1/dest  ← all_models/... "] still missing);
+    `table` ({dest: path under all_models/inflight_batcher_llm}) defaults to MODEL_FILES[model]."""
     found: dict[str, Path] = {}
     missing: list[str] = []
-    for dest, rel in MODEL_FILES.get(model, {}).items():
+    for dest, rel in (table if table is not None else MODEL_FILES.get(model, {})).items():
         src = (source / rel) if source is not None else None
         if src is not None and src.is_file():
             found[dest] = src

@@ -6,31 +6,26 @@ Checked, each with a message that says what to do instead of a model that fails 
   * each engine was built by the TensorRT-LLM installed here (engines are not portable);
   * TensorRT-LLM's python models (model.py) are in the repository;
   * a disaggregated repository (MPI participants) is started the way upstream documents, with
-    its launch script, not as one plain tritonserver.
+    its launch script and the release's KV-transfer environment (launch.py), not as one plain
+    tritonserver;
+  * an LLM-API repository (llmapi.py) has TensorRT-LLM installed and its model.py files.
 """
 
 from __future__ import annotations
 
 import json
-from importlib.metadata import PackageNotFoundError, version
 from pathlib import Path
 
 from google.protobuf import text_format
 from tritonclient.grpc import model_config_pb2 as mc
 
-from trtforge.builder.trtllm.versions import TARGET, version_mismatch
+from trtforge.builder.trtllm.versions import RELEASES, TARGET, installed_tensorrt_llm, version_mismatch
 from trtforge.model_repo.pbtxt import read_config
+from trtforge.model_repo.trtllm import llmapi
 from trtforge.model_repo.trtllm.files import MODEL_FILES
+from trtforge.model_repo.trtllm.launch import launch_note
 from trtforge.models.engine_dir import ENGINE_JSON, read_engine_config
 from trtforge.models.errors import EngineLoadError
-
-
-def installed_tensorrt_llm() -> str | None:
-    """TensorRT-LLM's version from its package metadata (importing it takes seconds and a GPU)."""
-    try:
-        return version("tensorrt_llm")
-    except PackageNotFoundError:
-        return None
 
 
 def _configs(repo: Path) -> dict[str, mc.ModelConfig]:
@@ -64,6 +59,7 @@ def check_trtllm_repo(repo: Path, backend_dir: Path, installed: str | None = Non
     configs = _configs(Path(repo))
     llm = {name: c for name, c in configs.items() if c.backend == "tensorrtllm"}
     if not llm:
+        _check_llmapi_repo(Path(repo), configs, installed)
         return
     if not (Path(backend_dir) / "tensorrtllm").is_dir():
         raise RuntimeError(
@@ -72,11 +68,9 @@ def check_trtllm_repo(repo: Path, backend_dir: Path, installed: str | None = Non
             f"not exist). Serve it inside {TARGET.image}: see docs/tensorrt-llm.md.")
     if any(c.parameters["participant_ids"].string_value for c in llm.values()
            if "participant_ids" in c.parameters):
-        raise RuntimeError(
-            f"{repo} is a disaggregated repository ({', '.join(llm)} are MPI participants); "
-            "start it in the image the way upstream documents: python3 "
-            "/app/scripts/launch_triton_server.py --world_size 3 --tensorrt_llm_model_name "
-            f"{','.join(llm)} --multi-model --disable-spawn-processes --model_repo {repo}")
+        release = _repo_release(llm)
+        raise RuntimeError(f"{repo} is a disaggregated repository ({', '.join(llm)} are MPI "
+                           f"participants); {launch_note(Path(repo), release, list(llm))}")
     installed = installed if installed is not None else installed_tensorrt_llm()
     for name, config in llm.items():
         engine = Path(config.parameters["gpt_model_path"].string_value)
@@ -93,3 +87,33 @@ def check_trtllm_repo(repo: Path, backend_dir: Path, installed: str | None = Non
         raise FileNotFoundError(
             f"{repo} lacks TensorRT-LLM's python model files {missing}; rerun `trtforge emit-repo` "
             "in the image (it copies them from /app/all_models) or copy them from there.")
+
+
+def _repo_release(llm: dict[str, mc.ModelConfig]):
+    """The release of the engines a repository serves (the default when none records one)."""
+    for config in llm.values():
+        try:
+            built = engine_version(Path(config.parameters["gpt_model_path"].string_value))
+        except EngineLoadError:
+            continue
+        if built in RELEASES:
+            return RELEASES[built]
+    return TARGET
+
+
+def _check_llmapi_repo(repo: Path, configs: dict[str, mc.ModelConfig], installed: str | None) -> None:
+    """An LLM-API repository: its python model imports tensorrt_llm, so it must be installed,
+    and TensorRT-LLM's model.py files must be there."""
+    config = configs.get(llmapi.MODEL)
+    if config is None or config.backend != "python" or not (repo / llmapi.MODEL / "1" / "model.yaml").is_file():
+        return
+    installed = installed if installed is not None else installed_tensorrt_llm()
+    if installed is None:
+        raise RuntimeError(f"{repo} is a TensorRT-LLM LLM-API repository, whose python model imports "
+                           "tensorrt_llm, which is not installed here; serve it in an image with "
+                           "TensorRT-LLM (docs/tensorrt-llm.md)")
+    missing = [f"{llmapi.MODEL}/1/{dest}" for dest in llmapi.FILES
+               if not (repo / llmapi.MODEL / "1" / dest).is_file()]
+    if missing:
+        raise FileNotFoundError(f"{repo} lacks TensorRT-LLM's python model files {missing}; rerun "
+                                "`emit-repo` in the image or copy them from all_models/llmapi.")

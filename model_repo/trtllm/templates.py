@@ -19,11 +19,13 @@ from pathlib import Path
 from google.protobuf import text_format
 from tritonclient.grpc import model_config_pb2 as mc
 
-# What upstream's README fills the data-type placeholders with (TensorRT-LLM backend v0.19.0,
+# What upstream's docs fill the data-type placeholders with (TensorRT-LLM backend v0.19.0,
 # README "Modify the Model Configuration": LOGITS_DATATYPE=TYPE_FP32,
-# encoder_input_features_data_type:TYPE_FP16).
+# encoder_input_features_data_type:TYPE_FP16; from 1.x, whose tensorrt_llm template also has
+# ${prompt_embedding_table_data_type}, its docs' fill_template lines pass TYPE_FP16 for it).
 DTYPE_PLACEHOLDERS = {"logits_datatype": "TYPE_FP32",
-                      "encoder_input_features_data_type": "TYPE_FP16"}
+                      "encoder_input_features_data_type": "TYPE_FP16",
+                      "prompt_embedding_table_data_type": "TYPE_FP16"}
 
 _UNQUOTED = re.compile(r'(?<!")\$\{(\w+)\}(?!")')
 

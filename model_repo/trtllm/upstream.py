@@ -1,15 +1,17 @@
-"""The Triton interface of TensorRT-LLM's models, for the release trtforge targets.
+"""The Triton interface of TensorRT-LLM's models, per release trtforge records.
 
-`upstream_v0.19.0.json` (next to this file) records, for each model of tensorrtllm_backend
-v0.19.0's `all_models/inflight_batcher_llm` and `all_models/disaggregated_serving`: its inputs
-and outputs (name, type, dims, optional, reshape, ragged), its parameter keys and the ensemble's
-tensor maps. It was extracted from the templates at the commit it names by
-`scripts/trtllm_facts.py`; no template is copied. The emitter builds typed configs from it;
-tests/model_repo/trtllm/ holds the same record as test data and checks what is emitted.
+`upstream_<tag>.json` (next to this file, one per release in builder/trtllm/versions.py) records,
+for each model of that release's `all_models/inflight_batcher_llm` and
+`all_models/disaggregated_serving` (and `all_models/llmapi`): its inputs and outputs (name, type,
+dims, optional, reshape, ragged), its parameter keys and the ensemble's tensor maps. Each was
+extracted from the templates at the commit it names by `scripts/trtllm_facts.py`; no template is
+copied. The emitter builds typed configs from the record of the release it writes for;
+tests/model_repo/trtllm/ holds the same records as test data and checks what is emitted.
 
 The parameter tables below say how each parameter is *read* (from the backend's C++ source,
-inflight_batcher_llm/src/model_{state,instance_state}.cc, and the python models' `initialize`
-at the same commit), so that every value trtforge writes has the type its reader parses.
+inflight_batcher_llm/src/model_{state,instance_state}.cc, and the python models' `initialize`),
+so that every value trtforge writes has the type its reader parses. They cover every parameter
+of every recorded release; a recorded parameter they lack is an error (`kinds`), not a guess.
 """
 
 from __future__ import annotations
@@ -18,10 +20,15 @@ import json
 from functools import lru_cache
 from pathlib import Path
 
-from trtforge.builder.trtllm.versions import TARGET
+from trtforge.builder.trtllm.versions import TARGET, TrtllmRelease
 from trtforge.model_repo.trtllm.templates import Tensor
 
-FACTS_FILE = Path(__file__).with_name(f"upstream_{TARGET.backend_release}.json")
+HERE = Path(__file__).parent
+
+
+def facts_file(release: TrtllmRelease) -> Path:
+    return HERE / f"upstream_{release.backend_release}.json"
+
 
 # Value kinds: how the reader parses the string. bool: the C++ backend takes true/false/1/0 (and
 # True/TRUE); trtforge writes "true"/"false". int/float: std::stoi/stof (whole string a number).
@@ -39,6 +46,7 @@ TENSORRT_LLM_KINDS: dict[str, str] = {
     "executor_worker_path": PATH, "gpt_model_path": PATH, "gpt_model_type": TEXT,
     "gpu_device_ids": CSV_INTS, "gpu_weights_percent": FLOAT, "guided_decoding_backend": UNSET,
     "iter_stats_max_iterations": INT, "kv_cache_free_gpu_mem_fraction": FLOAT,
+    "enable_trt_overlap": BOOL,
     "kv_cache_host_memory_bytes": INT, "kv_cache_onboard_blocks": BOOL,
     "lookahead_ngram_size": UNSET, "lookahead_verification_set_size": UNSET,
     "lookahead_window_size": UNSET, "lora_cache_gpu_memory_fraction": FLOAT,
@@ -54,7 +62,7 @@ TENSORRT_LLM_KINDS: dict[str, str] = {
 
 PYTHON_MODEL_KINDS: dict[str, dict[str, str]] = {
     "preprocessing": {"tokenizer_dir": PATH, "add_special_tokens": BOOL, "gpt_model_path": PATH,
-                      "multimodal_model_path": UNSET, "max_num_images": INT},
+                      "multimodal_model_path": UNSET, "max_num_images": INT, "hf_model_path": UNSET},
     "postprocessing": {"tokenizer_dir": PATH, "skip_special_tokens": BOOL},
     "tensorrt_llm_bls": {"accumulate_tokens": BOOL, "tensorrt_llm_model_name": TEXT,
                          "tensorrt_llm_draft_model_name": UNSET,
@@ -77,6 +85,8 @@ UNSET_WHY: dict[str, str] = {
                          "from; none are (the unfilled template passes a path that does not exist "
                          "the same way). Not checked at run time here",
     "multimodal_model_path": "preprocessing treats '' as no multimodal model",
+    "hf_model_path": "preprocessing (1.x) reads it only for a multimodal model (mllama, llava_onevision, "
+                     "qwen2_vl, pixtral), which multimodal_model_path '' rules out",
     "tensorrt_llm_draft_model_name": "get_valid_param_value('') is None: no draft model",
     "multimodal_encoders_name": "get_valid_param_value('') is None: no multimodal encoders",
 }
@@ -87,21 +97,52 @@ FIXED_TENSORRT_LLM = {"FORCE_CPU_ONLY_INPUT_TENSORS": "no",
                                               "trtllmExecutorWorker"}
 
 
+def facts(release: TrtllmRelease = TARGET) -> dict:
+    """The recorded interface of `release` (see module doc)."""
+    return _load(facts_file(release))
+
+
 @lru_cache(maxsize=None)
-def facts() -> dict:
-    """The recorded interface (see module doc)."""
-    return json.loads(FACTS_FILE.read_text())
+def _load(path: Path) -> dict:
+    return json.loads(path.read_text())
 
 
-def tensors(model: str, kind: str) -> list[Tensor]:
-    """`kind` ("inputs" | "outputs") of an upstream model, each name once (v0.19.0's ensemble
-    lists the output kv_cache_alloc_total_blocks twice; a config needs it once)."""
+def record(release: TrtllmRelease, model: str, kind: str = "models") -> dict:
+    """One model's record: kind "models" (inflight_batcher_llm, disaggregated_serving) or "llmapi"."""
+    return facts(release)[kind][model]
+
+
+def tensors(model: str, kind: str, release: TrtllmRelease = TARGET, group: str = "models") -> list[Tensor]:
+    """`kind` ("inputs" | "outputs") of an upstream model, each name once (the ensemble of v0.19.0
+    and later lists the output kv_cache_alloc_total_blocks twice; a config needs it once)."""
     seen: dict[str, Tensor] = {}
-    for name, dtype, dims, optional, reshape, ragged in facts()["models"][model][kind]:
+    for name, dtype, dims, optional, reshape, ragged in record(release, model, group)[kind]:
         seen.setdefault(name, Tensor(name, dtype, tuple(dims), optional,
                                      None if reshape is None else tuple(reshape), ragged))
     return list(seen.values())
 
 
-def ensemble_steps() -> list[dict]:
-    return facts()["models"]["ensemble"]["steps"]
+def ensemble_steps(release: TrtllmRelease = TARGET) -> list[dict]:
+    return record(release, "ensemble")["steps"]
+
+
+def kinds(release: TrtllmRelease, model: str) -> dict[str, str]:
+    """{parameter: value kind} of `model` (tensorrt_llm or a python model) at `release`, exactly its
+    recorded parameter keys; ValueError for a recorded key no table above knows how to fill."""
+    table = TENSORRT_LLM_KINDS if model == "tensorrt_llm" else PYTHON_MODEL_KINDS[model]
+    keys = record(release, model)["parameters"]
+    unknown = sorted(set(keys) - set(table))
+    if unknown:
+        raise ValueError(f"TensorRT-LLM {release.tensorrt_llm}'s {model} template has parameters "
+                         f"trtforge does not know how to fill: {', '.join(unknown)}")
+    return {k: table[k] for k in keys}
+
+
+def restrict(values: dict[str, str], release: TrtllmRelease, model: str) -> dict[str, str]:
+    """`values` (every release's keys) cut to `model`'s keys at `release`; each must have a value."""
+    keys = kinds(release, model)
+    missing = sorted(set(keys) - set(values))
+    if missing:
+        raise ValueError(f"no value for {model} parameters {', '.join(missing)} (TensorRT-LLM "
+                         f"{release.tensorrt_llm})")
+    return {k: values[k] for k in keys}

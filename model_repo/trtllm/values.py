@@ -1,6 +1,7 @@
 """The value of every parameter of the trtllm repository's models, from the engine and our options.
 
-Nothing is left as a `${...}` placeholder. A value comes from the build (engine.json), the
+Nothing is left as a `${...}` placeholder. The tables below hold the parameters of every recorded
+release; each model gets exactly its release's keys (upstream.restrict). A value comes from the build (engine.json), the
 scheduling options (SchedulerConfig, mapping.py), the emit options below, or — for features a
 trtforge engine does not use (LoRA, speculative decoding, guided decoding, encoders) — the
 backend's own default written out, or "" where the reader takes "" as "not set"
@@ -9,14 +10,36 @@ backend's own default written out, or "" where the reader takes "" as "not set"
 
 from __future__ import annotations
 
+import os
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from trtforge.builder.trtllm.versions import TrtllmRelease
 from trtforge.config.fields import parse_bytes
 from trtforge.model_repo.params import to_parameter
 from trtforge.model_repo.trtllm import upstream as U
 from trtforge.models.engine_dir import EngineConfig
+
+REPO_KINDS = ("inflight_batcher_llm", "llmapi")
+
+
+@dataclass(frozen=True)
+class TrtllmOptions:
+    """Which TensorRT-LLM repository is written, for which release, from which image files."""
+
+    models_dir: str | os.PathLike | None = None
+    """The image's all_models/inflight_batcher_llm (python model files, templates to compare)."""
+    repo: str = "inflight_batcher_llm"
+    """inflight_batcher_llm (a --backend trtllm engine) or llmapi (a Hugging Face checkpoint)."""
+    version: str | None = None
+    """The recorded release to write for (default: the installed TensorRT-LLM's, else the engine's)."""
+    allow_drift: bool | None = None
+    """Go on past version or template differences (default: $TRTFORGE_TRTLLM_ALLOW_DRIFT)."""
+
+    def __post_init__(self):
+        if self.repo not in REPO_KINDS:
+            raise ValueError(f"trtllm repository {self.repo!r}: choose one of {', '.join(REPO_KINDS)}")
 
 
 @dataclass(frozen=True)
@@ -64,8 +87,9 @@ def kv_tokens(engine: EngineConfig, kv_cache_memory: str) -> int:
 
 
 def tensorrt_llm_parameters(engine_dir: Path, engine: EngineConfig, scheduling: Any,
-                            opts: TrtllmRepoOptions, phase: PhaseModel | None = None) -> dict[str, str]:
-    """Every parameter of the tensorrt_llm model (or of one disaggregated phase)."""
+                            opts: TrtllmRepoOptions, release: TrtllmRelease,
+                            phase: PhaseModel | None = None) -> dict[str, str]:
+    """Every parameter of the tensorrt_llm model (or of one disaggregated phase) at `release`."""
     chunked = scheduling.prefill_chunk_size > 0
     if phase is not None and phase.chunked_context is not None:
         chunked = phase.chunked_context
@@ -92,12 +116,15 @@ def tensorrt_llm_parameters(engine_dir: Path, engine: EngineConfig, scheduling: 
         "cuda_graph_cache_size": "0", "speculative_decoding_fast_logits": "false",
         "lora_cache_optimal_adapter_size": "8", "lora_cache_max_adapter_size": "64",
         "lora_cache_gpu_memory_fraction": "0.05", "lora_cache_host_memory_bytes": str(2**30),
+        # 1.x: overlaps the host's preparation of the next step with this one (off by default in
+        # model_instance_state.cc, and the python tensorrt_llm model refuses true).
+        "enable_trt_overlap": "false",
     }
     values.update({key: "" for key, kind in U.TENSORRT_LLM_KINDS.items() if kind == U.UNSET})
-    return values
+    return U.restrict(values, release, "tensorrt_llm")
 
 
-def python_model_parameters(model: str, engine_dir: Path) -> dict[str, str]:
+def python_model_parameters(model: str, engine_dir: Path, release: TrtllmRelease) -> dict[str, str]:
     """Parameters of preprocessing, postprocessing, tensorrt_llm_bls, disaggregated_serving_bls.
 
     Tokenization matches trtforge's own runtime: prompts are encoded without special tokens
@@ -105,7 +132,7 @@ def python_model_parameters(model: str, engine_dir: Path) -> dict[str, str]:
     table = {
         "preprocessing": {"tokenizer_dir": str(engine_dir), "add_special_tokens": "false",
                           "gpt_model_path": str(engine_dir), "multimodal_model_path": "",
-                          "max_num_images": "0"},
+                          "max_num_images": "0", "hf_model_path": ""},
         "postprocessing": {"tokenizer_dir": str(engine_dir), "skip_special_tokens": "true"},
         "tensorrt_llm_bls": {"accumulate_tokens": "false",
                              "tensorrt_llm_model_name": "tensorrt_llm",
@@ -113,4 +140,4 @@ def python_model_parameters(model: str, engine_dir: Path) -> dict[str, str]:
         "disaggregated_serving_bls": {"context_model_name": "context",
                                       "generation_model_name": "generation"},
     }
-    return table[model]
+    return U.restrict(table[model], release, model)

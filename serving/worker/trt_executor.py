@@ -8,7 +8,8 @@ and as the output `kv_cache_out_{i}` (the plugin aliases them and updates the po
 
 The plan has two optimization profiles (builder/tensorrt/build.py): 0 for decode steps (at most
 max_batch_size tokens), 1 for prefill/mixed steps (up to max_num_tokens). One execution context
-per profile, each bound to its profile once, so a step never switches profiles.
+per profile, each bound to its profile once, so a step never switches profiles. The step's inputs,
+its profile and its rows come from trt_step.py, which the ONNX Runtime sibling (trt_ort.py) shares.
 """
 
 from __future__ import annotations
@@ -20,14 +21,10 @@ import torch
 
 from trtforge.builder.tensorrt.availability import find_tensorrt
 from trtforge.plugins.paged_attention.metadata import AttentionMetadata
+from trtforge.serving.worker.trt_step import outside_profile, plan_step
 
 INSTALL_HINT = ("install it with `pip install trtforge[tensorrt]` on a machine with an NVIDIA GPU, or run the "
                 "NGC image (docs/tensorrt.md); or rebuild the engine with `build-engine --backend torch`")
-_META = ("input_ids", "positions", "slot_mapping", "block_tables", "seq_lens", "query_start_loc",
-         "logits_indices")
-_INT_DTYPES = {"input_ids": torch.int64, "positions": torch.int64, "slot_mapping": torch.int64,
-               "logits_indices": torch.int64, "block_tables": torch.int32, "seq_lens": torch.int32,
-               "query_start_loc": torch.int32}
 
 
 class TensorRTUnavailable(RuntimeError):
@@ -80,31 +77,21 @@ class TensorRTNetwork:
 
         return cls(engine_dir, read_engine_config(engine_dir))
 
-    def _profile_for(self, num_tokens: int) -> int:
-        if num_tokens > self.max_num_tokens:
-            raise ValueError(f"a step of {num_tokens} tokens exceeds the engine's max_num_tokens "
-                             f"{self.max_num_tokens}; lower the scheduler's token budget or rebuild the engine "
-                             "with a larger --max-num-tokens")
-        return 0 if num_tokens <= self.decode_max_tokens else 1
-
     def __call__(self, input_ids: torch.Tensor, positions: torch.Tensor,
                  kv_caches: list[torch.Tensor], meta: AttentionMetadata,
                  logits_indices: torch.Tensor) -> torch.Tensor:
-        """One step on the GPU; updates kv_caches in place; returns float32 logits [S', V]."""
+        """One step on the GPU; updates kv_caches in place; returns float32 logits [S', V]
+        (S' may be 0: a step whose prefill chunks all stop short of their prompt's end)."""
         device = kv_caches[0].device
-        tensors = dict(zip(_META, (input_ids, positions, meta.slot_mapping, meta.block_tables,
-                                   meta.seq_lens, meta.query_start_loc, logits_indices)))
-        # Keep the converted tensors alive until the step has run: TensorRT holds raw pointers.
-        feeds = {name: t.to(device=device, dtype=_INT_DTYPES[name]).contiguous()
-                 for name, t in tensors.items()}
-        ctx = self.contexts[self._profile_for(int(input_ids.shape[0]))]
+        step = plan_step(input_ids, positions, meta, logits_indices, device,
+                         self.decode_max_tokens, self.max_num_tokens)
+        feeds = dict(step.feeds)  # alive until the step has run: TensorRT holds raw pointers
+        ctx = self.contexts[step.profile]
         for i, pool in enumerate(kv_caches):
             feeds[f"kv_cache_{i}"] = pool
         for name, t in feeds.items():
             if not ctx.set_input_shape(name, tuple(t.shape)):
-                raise ValueError(f"input {name} of shape {tuple(t.shape)} is outside the shapes this engine "
-                                 "was built for (build limits in engine.json: max_batch_size, max_num_tokens, "
-                                 "max_seq_len, kv_cache_memory); rebuild with larger limits")
+                raise outside_profile(name, tuple(t.shape))
             ctx.set_tensor_address(name, t.data_ptr())
         for i, pool in enumerate(kv_caches):
             ctx.set_tensor_address(f"kv_cache_out_{i}", pool.data_ptr())  # aliased: updated in place
@@ -113,4 +100,4 @@ class TensorRTNetwork:
         ctx.set_tensor_address("logits", logits.data_ptr())
         if not ctx.execute_async_v3(torch.cuda.current_stream(device).cuda_stream):
             raise RuntimeError("TensorRT failed to run the step (see its log above)")
-        return logits
+        return logits[:step.rows]

@@ -67,6 +67,9 @@ def test_verify_onnx_agrees_with_torch_engine(arch, exported):
     result = CliRunner().invoke(verify_onnx_cmd, [str(exported[arch])])
     assert result.exit_code == 0, result.output
     assert "-> OK" in result.output and "step 2: new tokens [1, 4]" in result.output
+    # A step that samples no row (an empty logits_indices), then the chunk finishing that prompt.
+    assert "step 3: new tokens [4], no row sampled (KV only)" in result.output
+    assert "step 4: new tokens [2], max |Δlogits|" in result.output
 
 
 def test_verify_onnx_exits_nonzero_beyond_tolerance(exported):

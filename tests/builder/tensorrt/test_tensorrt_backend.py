@@ -105,21 +105,46 @@ def test_tensorrt_engine_matches_torch_engine_on_gpu(checkpoint, tmp_path):
     reference = load_network(torch_dir, read_engine_config(torch_dir), device="cuda")
     network = TensorRTNetwork.from_engine_dir(trt_dir)
     m = cfg.model
-    shape = (2, 16, 4, m.num_kv_heads, m.head_dim)
+    seqs = 1 + max(c[0] for spec in DEFAULT_STEPS for c in spec)
+    shape = (2, 1 + seqs * 4, 4, m.num_kv_heads, m.head_dim)  # block 0 + 4 blocks per sequence
     pools_ref = [torch.zeros(shape, dtype=torch.float16, device="cuda") for _ in range(m.num_layers)]
     pools_trt = [p.clone() for p in pools_ref]
     batcher, gen = _Batcher(4, 4), torch.Generator().manual_seed(0)
-    for spec in DEFAULT_STEPS:
+    for spec in DEFAULT_STEPS:  # includes a step that samples no row (DEFAULT_STEPS[3])
         b = {k: v.cuda() for k, v in batcher.step(spec, m.vocab_size, gen).items()}
         meta = AttentionMetadata(b["slot_mapping"], b["block_tables"], b["seq_lens"],
-                                 b["query_start_loc"], max(n for _, n in spec),
+                                 b["query_start_loc"], max(c[1] for c in spec),
                                  int(b["seq_lens"].max()))
         with torch.no_grad():
             want = reference(b["input_ids"], b["positions"], pools_ref, meta, b["logits_indices"])
         got = network(b["input_ids"], b["positions"], pools_trt, meta, b["logits_indices"])
+        assert got.shape == want.shape
         torch.testing.assert_close(got, want, atol=2e-2, rtol=2e-2)
     for a, b in zip(pools_trt, pools_ref):  # the aliased output really updated the pools
         torch.testing.assert_close(a, b, atol=2e-2, rtol=2e-2)
+
+
+@needs_trt
+def test_a_lone_prompt_longer_than_the_chunk_runs_on_the_tensorrt_engine(checkpoint, tmp_path):
+    """Issue 28 item 1 on the GPU: the first chunks of the prompt sample no token, and the
+    engine must still run them (the unpatched executor raised on the first)."""
+    from trtforge.builder.build import build_engine
+    from trtforge.config.runtime import RuntimeConfig
+    from trtforge.config.sampling import SamplingParams
+    from trtforge.serving.engine import LLMEngine
+
+    build = dict(dtype="float16", max_batch_size=4, max_num_tokens=64, max_seq_len=64,
+                 kv_block_size=4, kv_cache_memory="1MiB")
+    trt_dir, _ = build_engine(str(checkpoint), tmp_path / "trt", BuildConfig(backend="tensorrt", **build),
+                              progress=False)
+    torch_dir, _ = build_engine(str(checkpoint), tmp_path / "torch", BuildConfig(**build), progress=False)
+    prompt, params = list(range(5, 16)), SamplingParams(max_tokens=4, ignore_eos=True)
+    runs = {}
+    for name, engine_dir in (("trt", trt_dir), ("torch", torch_dir)):
+        engine = LLMEngine.from_engine_dir(engine_dir, RuntimeConfig(device="cuda"), prefill_chunk_size=4)
+        runs[name] = engine.generate([prompt], params)[0].output_token_ids
+    assert len(runs["trt"]) == 4
+    assert runs["trt"][0] == runs["torch"][0]  # the first token follows the chunked prefill's KV
 
 
 def test_plugin_module_keeps_real_annotations():

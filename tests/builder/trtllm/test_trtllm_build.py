@@ -100,3 +100,20 @@ def test_build_and_emit_with_tensorrt_llm(tmp_path):
     assert trt_config["plugin_config"]["use_paged_context_fmha"]
     repo = emit_repo(out, tmp_path / "repo")
     assert read_config(repo / "tensorrt_llm" / "config.pbtxt").backend == "tensorrtllm"
+
+
+def test_an_installed_tensorrt_llm_without_a_record_stops_the_build(monkeypatch, caplog):
+    """The check require_tensorrt_llm runs on the imported module's version (pure: no TensorRT-LLM)."""
+    from trtforge.builder.trtllm.build import check_installed_version
+    from trtforge.builder.trtllm.versions import ALLOW_DRIFT_ENV, RELEASES
+
+    monkeypatch.delenv(ALLOW_DRIFT_ENV, raising=False)
+    assert check_installed_version("0.19.0") is RELEASES["0.19.0"]
+    assert check_installed_version("1.2.0rc8") is RELEASES["1.2.0rc8"]
+    with pytest.raises(BuildError, match="the installed TensorRT-LLM 1.1.0 has no recorded Triton") as err:
+        check_installed_version("1.1.0")
+    assert ALLOW_DRIFT_ENV in str(err.value) and "min_tokens/seed" in str(err.value)
+    monkeypatch.setenv(ALLOW_DRIFT_ENV, "1")
+    with caplog.at_level("WARNING"):
+        assert check_installed_version("1.1.0") is RELEASES["1.2.0rc8"]
+    assert "1.1.0 is installed, which trtforge has no record of" in caplog.text

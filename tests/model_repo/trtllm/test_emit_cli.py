@@ -18,3 +18,17 @@ def test_emit_repo_command_writes_the_trtllm_layout(trtllm_engine, tmp_path):
     bad = CliRunner().invoke(emit_repo_command, [str(trtllm_engine), str(tmp_path / "r2"),
                                                  "--prefill-chunk-size", "100000"])
     assert bad.exit_code != 0 and "prefill_chunk_size" in bad.output
+
+
+def test_emit_repo_command_stops_on_drift_and_the_env_override_lets_it_go_on(tmp_path, monkeypatch):
+    from tests.model_repo.trtllm.conftest import write_engine
+    from trtforge.builder.trtllm.versions import ALLOW_DRIFT_ENV
+
+    engine = write_engine(tmp_path / "engine", "1.1.0")
+    result = CliRunner().invoke(emit_repo_command, [str(engine), str(tmp_path / "repo")])
+    assert result.exit_code != 0 and "Traceback" not in result.output
+    assert "TensorRT-LLM 1.1.0 has no recorded Triton interface" in result.output
+    assert ALLOW_DRIFT_ENV in result.output
+    monkeypatch.setenv(ALLOW_DRIFT_ENV, "1")
+    result = CliRunner().invoke(emit_repo_command, [str(engine), str(tmp_path / "repo")])
+    assert result.exit_code == 0, result.output

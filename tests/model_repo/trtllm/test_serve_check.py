@@ -4,11 +4,13 @@ check refusing an engine built by another TensorRT-LLM."""
 from __future__ import annotations
 
 import json
+import logging
 
 import pytest
 from click.testing import CliRunner
 
 from tests.model_repo.engines import engine_json
+from tests.model_repo.trtllm.conftest import write_engine
 from trtforge.builder.trtllm.versions import TARGET, version_mismatch
 from trtforge.cli.triton import serve_command
 from trtforge.model_repo.emit import emit_repo
@@ -63,10 +65,26 @@ def test_missing_python_models_are_named(repo, backends):
         check_trtllm_repo(repo, backends, installed="0.19.0")
 
 
-def test_a_disaggregated_repository_needs_the_launch_script(trtllm_engine, tmp_path, backends):
-    repo = emit_repo(trtllm_engine, tmp_path / "disagg", disaggregated=True)
-    with pytest.raises(RuntimeError, match="launch_triton_server.py --world_size 3"):
+def test_a_disaggregated_repository_needs_the_launch_script_and_the_kv_transfer_env(
+        trtllm_engine, tmp_path, backends, caplog):
+    with caplog.at_level(logging.WARNING):
+        repo = emit_repo(trtllm_engine, tmp_path / "disagg", disaggregated=True)
+    command = ("TRTLLM_USE_MPI_KVCACHE=1 python3 /app/scripts/launch_triton_server.py --world_size 3 "
+               "--tensorrt_llm_model_name context,generation --multi-model --disable-spawn-processes "
+               f"--model_repo {repo.resolve()}")
+    assert command in caplog.text  # emit-repo prints it
+    with pytest.raises(RuntimeError) as err:
         check_trtllm_repo(repo, backends, installed="0.19.0")
+    assert command.replace(str(repo.resolve()), str(repo)) in str(err.value)  # and serve refuses with it
+    assert "TensorRT-LLM 0.19.0 docs" in str(err.value)  # where the variable comes from
+
+
+def test_the_launch_command_follows_the_engines_release(tmp_path, backends):
+    repo = emit_repo(write_engine(tmp_path / "e12", "1.2.0rc8"), tmp_path / "disagg", disaggregated=True)
+    with pytest.raises(RuntimeError) as err:
+        check_trtllm_repo(repo, backends, installed="1.2.0rc8")
+    assert "TRTLLM_USE_MPI_KVCACHE=1 python3 triton_backend/scripts/launch_triton_server.py" in str(err.value)
+    assert "CacheTransceiverConfig(BackendType::MPI)" in str(err.value)
 
 
 def test_other_repositories_pass_untouched(tmp_path):

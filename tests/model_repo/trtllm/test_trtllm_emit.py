@@ -8,6 +8,7 @@ import logging
 
 import pytest
 
+from tests.model_repo.trtllm.conftest import fake_models_dir
 from trtforge.model_repo.emit import emit_repo
 from trtforge.model_repo.params import scheduler_parameter_names
 from trtforge.model_repo.pbtxt import parameters_of, read_config
@@ -93,20 +94,8 @@ def test_disaggregated_phases_have_their_own_values(trtllm_engine, tmp_path):
     assert (bls["context_model_name"], bls["generation_model_name"]) == ("context", "generation")
 
 
-def _fake_models_dir(root):
-    """A stand-in for the image's all_models/inflight_batcher_llm: placeholder files where
-    TensorRT-LLM's are (their content is not ours to copy into the project or its tests)."""
-    base = root / "all_models" / "inflight_batcher_llm"
-    for model, files in MODEL_FILES.items():
-        for rel in files.values():
-            path = (base / rel).resolve()
-            path.parent.mkdir(parents=True, exist_ok=True)
-            path.write_text(f"# stand-in for TensorRT-LLM's {model} {path.name}\n")
-    return base
-
-
 def test_model_py_files_are_copied_from_the_models_dir(trtllm_engine, tmp_path):
-    source = _fake_models_dir(tmp_path)
+    source = fake_models_dir(tmp_path)
     for disaggregated in (False, True):
         repo = emit_repo(trtllm_engine, tmp_path / f"repo{disaggregated}",
                          trtllm_models_dir=source, disaggregated=disaggregated)
@@ -125,21 +114,6 @@ def test_without_models_dir_the_files_to_add_are_listed(trtllm_engine, tmp_path,
         in caplog.text
     assert "tensorrt_llm_bls/1/lib/decode.py" in caplog.text
     assert not (repo / "preprocessing" / "1" / "model.py").exists()
-
-
-def test_image_templates_that_differ_are_reported(trtllm_engine, tmp_path, caplog):
-    source = _fake_models_dir(tmp_path)
-    ours = emit_repo(trtllm_engine, tmp_path / "ours")
-    # An "image" whose postprocessing template has one more input and a placeholder parameter.
-    text = (ours / "postprocessing" / "config.pbtxt").read_text()
-    text = text.replace('input {', 'input {\n  name: "EXTRA"\n  data_type: TYPE_INT32\n  dims: 1\n}\n'
-                        'input {', 1)
-    text += 'parameters { key: "new_knob" value { string_value: "${new_knob}" } }\n'
-    (source / "postprocessing" / "config.pbtxt").write_text(text)
-    with caplog.at_level(logging.WARNING):
-        emit_repo(trtllm_engine, tmp_path / "repo", trtllm_models_dir=source)
-    assert "postprocessing: input 'EXTRA' is in the template, not in ours" in caplog.text
-    assert "postprocessing: parameter 'new_knob' is in the template, not in ours" in caplog.text
 
 
 def test_trtllm_options_are_refused_for_other_engines(tmp_path, trtllm_engine):

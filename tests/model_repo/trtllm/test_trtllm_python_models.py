@@ -111,3 +111,24 @@ def test_postprocessing_detokenizes(served):
                  {"TOKENS_BATCH": np.array([[ids]], dtype=np.int32),
                   "SEQUENCE_LENGTH": np.array([[len(ids)]], dtype=np.int32)}, ["OUTPUT"])
     assert out["OUTPUT"].reshape(-1)[0].decode() == tokenizer.decode(ids, skip_special_tokens=True)
+
+
+def test_the_real_templates_match_the_record_and_catch_the_other_release(tmp_path):
+    """Against the templates of the checkout (or image) itself: the recorded release's configs
+    pass the comparison unchanged, and 1.2's are refused with the renamed inputs named."""
+    from tests.model_repo.trtllm.conftest import write_engine
+    from trtforge.builder.trtllm.versions import TrtllmDrift
+    from trtforge.model_repo.emit import emit_repo
+    from trtforge.model_repo.trtllm.values import TrtllmOptions
+
+    emit_repo(write_engine(tmp_path / "e19", TARGET.tensorrt_llm), tmp_path / "r19",
+              trtllm_models_dir=MODELS_DIR, disaggregated=True)
+    with pytest.raises(TrtllmDrift, match="ensemble: input 'random_seed' is in the template, not in ours"):
+        emit_repo(write_engine(tmp_path / "e12", "1.2.0rc8"), tmp_path / "r12", trtllm_models_dir=MODELS_DIR)
+    if (MODELS_DIR / ".." / "llmapi" / "tensorrt_llm" / "config.pbtxt").is_file():
+        from trtforge.builder.demo_checkpoint import write_demo_checkpoint
+
+        ckpt = write_demo_checkpoint(tmp_path / "ckpt", arch="llama", seed=1)
+        repo = emit_repo(ckpt, tmp_path / "llmapi", trtllm_models_dir=TrtllmOptions(MODELS_DIR, repo="llmapi",
+                                                                                       version=TARGET.tensorrt_llm))
+        assert (repo / "tensorrt_llm" / "1" / "model.py").is_file()
