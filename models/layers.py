@@ -2,7 +2,8 @@
 
 `CausalLM` (network.py) constructs every linear layer, its LM head, its token embeddings, the fused
 ops of its norms / RoPE / MLP and its attention through one `Layers`, so which kernel a layer runs
-is fixed when the network is built and nothing is replaced afterwards:
+is fixed when the network is built; after loading, `pack_weights` only rewrites the CPU kernels'
+weights into their packed layout (and a packed tied head then serves the embeddings):
 
     Layers()                      plain torch: nn.Linear, an F.linear head, the op's attention
                                   resolved per call — what conversion, export and tracing see
@@ -12,7 +13,7 @@ is fixed when the network is built and nothing is replaced afterwards:
 
 What a choice builds (the kernels beside each reference: plugins/cpu/*.py):
 
-    linear "cpu"      CpuLinear (C GEMV / oneDNN) for every float linear; the LM head `cpu_linear`
+    linear "cpu"      CpuLinear (packed C GEMM / oneDNN) for every float linear; the LM head `cpu_linear`
     linear "torch"    nn.Linear; the LM head F.linear
     quantization      QuantLinear for the decoder's QUANTIZED_LAYERS and, when engine.json says so,
                       the LM head (`head_linear`, a tied one also the embeddings: QuantEmbedding);
@@ -34,6 +35,7 @@ from trtforge.models.dtypes import torch_dtype
 from trtforge.models.model_config import ModelConfig
 from trtforge.models.quantized_layers import QUANTIZED_LAYERS, QuantEmbedding, QuantLinear
 from trtforge.plugins import kernels as registry
+from trtforge.plugins.cpu import linear as cpu_linear_kernels
 from trtforge.plugins.cpu.linear import CpuLinear, cpu_linear
 from trtforge.plugins.paged_attention.op import AttentionImpl, attention_impl
 
@@ -57,21 +59,48 @@ class TiedLMHead(nn.Module):
     @property
     def weight(self) -> torch.Tensor:
         table = self._embedding[0].weight
+        if table is None:  # packed, the table dropped (pack_weights): unpacked, a copy
+            return cpu_linear_kernels.unpack(self.packed, self.out_features)
         return table if self.vocab is None else table[self.vocab[0]:self.vocab[1]]  # rows: a contiguous view
 
     @property
     def in_features(self) -> int:
-        return self._embedding[0].weight.shape[1]
+        return self._embedding[0].embedding_dim
 
     @property
     def out_features(self) -> int:
-        return self._embedding[0].weight.shape[0] if self.vocab is None else self.vocab[1] - self.vocab[0]
+        return self._embedding[0].num_embeddings if self.vocab is None else self.vocab[1] - self.vocab[0]
 
     def extra_repr(self) -> str:
         return f"tied to the embeddings, kernel={getattr(self.kernel, '__name__', self.kernel)}"
 
+    packed: torch.Tensor | None = None
+    """The table's rows packed for plugins/cpu/linear.c (`pack_weights`), else None."""
+
+    def pack_weights(self) -> None:
+        """Pack the table (this rank's rows) for the C kernel when this head runs `cpu_linear`."""
+        if self.kernel is cpu_linear and self.packed is None and cpu_linear_kernels.library() is not None:
+            self.packed = cpu_linear_kernels.pack(self.weight)
+
     def forward(self, x: torch.Tensor) -> torch.Tensor:
+        if self.packed is not None and cpu_linear_kernels.packed_ok(x):
+            return cpu_linear_kernels.packed_linear(x, self.packed, None, self.out_features)
         return self.kernel(x, self.weight, None)
+
+
+def pack_weights(network: nn.Module) -> None:
+    """At load (models/loader.py): every CpuLinear and a `cpu_linear` TiedLMHead pack their weights
+    for plugins/cpu/linear.c. A packed tied head of the whole vocabulary then also serves the
+    embeddings (PackedEmbedding reads the table's rows from it) and the dense table is dropped, so
+    the model holds it once."""
+    for module in network.modules():
+        if isinstance(module, (CpuLinear, TiedLMHead)):
+            module.pack_weights()
+    head = getattr(network, "lm_head", None)
+    if isinstance(head, TiedLMHead) and head.packed is not None and head.vocab is None \
+            and network.embed_tokens is head._embedding[0]:
+        network.embed_tokens = cpu_linear_kernels.PackedEmbedding(head)
+        head._embedding[0].weight = None
 
 
 @dataclass(frozen=True)
@@ -139,4 +168,4 @@ class Layers:
         return self.kernels.describe(None if self.attention is None else self.attention.name)
 
 
-__all__ = ["KERNEL_MODES", "Layers", "TiedLMHead"]
+__all__ = ["KERNEL_MODES", "Layers", "TiedLMHead", "pack_weights"]

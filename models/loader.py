@@ -8,7 +8,7 @@ import torch
 
 from trtforge.models.engine_dir import EngineConfig
 from trtforge.models.errors import EngineLoadError
-from trtforge.models.layers import Layers
+from trtforge.models.layers import Layers, pack_weights
 from trtforge.models.network import CausalLM
 from trtforge.models.skip_init import build_on_meta, still_on_meta
 from trtforge.models.tensor_parallel import shard_of
@@ -40,6 +40,7 @@ def load_network(directory: str | Path, cfg: EngineConfig, device: str | torch.d
     if missing or unexpected:
         raise EngineLoadError(f"{weights} does not fit the network: missing {missing[:5]}, unexpected "
                               f"{unexpected[:5]}. Rebuild the engine.")
+    pack_weights(model)  # the CPU kernels' layout (no-op for reference and CUDA layers)
     return model.eval()
 
 

@@ -43,7 +43,8 @@ from torch import nn
 from trtforge.models.model_config import ModelConfig
 from trtforge.plugins import kernels as registry
 from trtforge.plugins.cpu import quant_linear as ql
-from trtforge.plugins.cpu.linear import GEMV_MAX_ROWS, onednn_linear
+from trtforge.plugins.cpu.linear import onednn_linear
+from trtforge.plugins.cpu.quant_linear import GEMV_MAX_ROWS
 
 QUANTIZED_LAYERS = ("attn.qkv", "attn.o_proj", "mlp.gate_up", "mlp.up", "mlp.down")
 """Module paths inside a decoder layer whose weights are quantized (those the network has)."""

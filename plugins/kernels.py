@@ -8,7 +8,7 @@ runtime network holds its kernels from construction on and nothing is swapped af
 most specific first (ANY matches everything):
 
     op                 device  dtype    ISA                        choice
-    linear             cpu     float32  avx512 | avx2 | portable   "cpu": C GEMV to 32 rows, then oneDNN (cpu/linear.py)
+    linear             cpu     float32  avx512 | avx2 | portable   "cpu": packed C GEMM, any rows (cpu/linear.py)
                        any     any      any                        "torch": F.linear
     quant_linear       cpu     float32  avx512 | avx2 | portable   "cpu": the C kernels of cpu/quant_linear.c
                        any     any      any                        "torch": dequantise, then F.linear
@@ -18,12 +18,14 @@ most specific first (ANY matches everything):
                        any     any      any                        ("cpu",): vectorised torch + the C decode kernel
     quant_activations  any     any      any                        "int8" (W8A8 / W4A8 where the shapes allow)
 
-The ISA is not a compile switch here: the C kernels are built with -march=native
-(plugins/native.py), so the compiler emits the machine's own instructions for the GCC vector types
-of native_vec.h, and quant_linear.c and cpu_decode.c add AVX2/FMA intrinsics under `#ifdef __AVX2__`
-(an AVX-512 machine takes that branch too, plain loops elsewhere; NEON on ARM through the vector
-types). So today every ISA maps to the same kernels; the key exists so that an ISA-specific kernel
-is one more row, and the ISA shows in the engine's startup log.
+The ISA is chosen at run time (plugins/native.py `isa()`: the CPU's own, or a lower one forced
+with TRTFORGE_CPU_ISA=avx2|portable) and every C library is compiled for it: -march=native for the
+CPU's own ISA (AVX-512 vector types and register tiles in cpu/linear.c under `__AVX512F__`),
+-march=haswell for AVX2 (AVX2/FMA intrinsics under `#ifdef __AVX2__` in quant_linear.c and
+cpu_decode.c, 8-lane tiles in linear.c), the compiler's baseline for portable (plain loops; NEON on
+ARM through the vector types). The registry's rows name the same kernel sources for each ISA; the
+ISA shows in the engine's startup log and in every benchmark report, and tests run each kernel
+against its reference under every ISA the CPU runs (tests/plugins/conftest.py `each_isa`).
 
 The environment and an explicit override (tests) change a choice, in that order of precedence:
 
@@ -40,7 +42,6 @@ and runs its torch counterpart instead, so a choice of "cpu" is never wrong, onl
 from __future__ import annotations
 
 import contextlib
-import functools
 import os
 from dataclasses import dataclass
 from typing import Any, Iterator
@@ -49,7 +50,7 @@ import torch
 
 from trtforge.plugins import native
 
-ISAS = ("avx512", "avx2", "portable")
+ISAS = native.ISAS
 ANY = None
 
 ATTENTION_ENV = "TRTFORGE_ATTENTION_IMPL"
@@ -73,14 +74,10 @@ CHOICES = {"linear": ("cpu", "torch"), "quant_linear": ("cpu", "torch"), "fused_
 _overrides: dict[str, str] = {}
 
 
-@functools.cache
 def detect_isa() -> str:
-    """This CPU's instruction set as the registry keys it: "avx512" (AVX-512 F/BW/VL with AVX2 and
-    FMA), "avx2" (AVX2 and FMA), else "portable"."""
-    flags = set(native.cpu_flags().partition(":")[2].split())
-    if {"avx2", "fma"} <= flags:
-        return "avx512" if {"avx512f", "avx512bw", "avx512vl"} <= flags else "avx2"
-    return "portable"
+    """The ISA the CPU kernels are built for in this process (plugins/native.py `isa()`: the
+    CPU's own, or a lower one forced by TRTFORGE_CPU_ISA)."""
+    return native.isa()
 
 
 def lookup(op: str, device: str, dtype: torch.dtype | None, isa: str = "") -> Any:

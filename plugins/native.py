@@ -6,12 +6,18 @@ on a 2-core machine. A few fused C loops replace them. They only take raw pointe
 compile without PyTorch's headers in about a second (a `torch.utils.cpp_extension` build of the
 same code takes ~1 minute on that machine) and are called through `ctypes` (~2 µs a call).
 
+The ISA is chosen at run time, per process: `isa()` is what this CPU has ("avx512": AVX-512
+F/BW/VL + AVX2/FMA; "avx2": AVX2 + FMA; "portable": anything else), or a lower one named by
+`TRTFORGE_CPU_ISA` (avx2 or portable: how tests and benchmarks run the other code paths on an
+AVX-512 machine). Each source is compiled for that ISA (`ISA_FLAGS`: -march=native for the CPU's
+own ISA, -march=haswell for a forced AVX2, the compiler's baseline for portable), so the same C
+takes AVX-512 code (512-bit vector types, `#ifdef __AVX512F__`), AVX2/FMA intrinsics under
+`#ifdef __AVX2__`, or plain loops. `NativeLibrary.for_isa` builds one source for another ISA in
+the same process (tests check every path against its reference that way).
+
 The shared library lands in `$TRTFORGE_CACHE_DIR` (default `~/.cache/trtforge`)/native, named by
-a hash of the source, the compiler command and the CPU's flags (the code is built with
-`-march=native`, so a cache shared between different machines must not mix binaries: the ISA is
-chosen at compile time — the compiler's own instructions for native_vec.h's vector types, and
-AVX2/FMA intrinsics under `#ifdef __AVX2__` in quant_linear.c and cpu_decode.c; plugins/kernels.py
-reports which ISA this is). No
+a hash of the source, the compiler command (with the ISA's flags) and the CPU's flags, so a cache
+shared between different machines never mixes binaries. No
 compiler, a failed build or `TRTFORGE_CPU_NATIVE=0`: `load` returns None, says why once in the
 log, and callers keep their torch path — slower, same results.
 
@@ -42,8 +48,14 @@ from pathlib import Path
 log = logging.getLogger(__name__)
 
 ENV_VAR = "TRTFORGE_CPU_NATIVE"
-CFLAGS = ("-O3", "-march=native", "-std=c11", "-shared", "-fPIC", "-fno-math-errno")
+ISA_ENV = "TRTFORGE_CPU_ISA"
+ISAS = ("avx512", "avx2", "portable")
+"""The instruction sets the kernels are built for, best first."""
+CFLAGS = ("-O3", "-std=c11", "-shared", "-fPIC", "-fno-math-errno")
 """No -ffast-math: the kernels must keep IEEE semantics (NaN checks, exp accuracy) for HF parity."""
+ISA_FLAGS = {"native": ("-march=native",), "avx2": ("-march=haswell", "-mtune=generic"), "portable": ()}
+"""Compiler flags per ISA: the CPU's own ISA is built with -march=native (everything it has),
+a lower forced one with that ISA's baseline."""
 
 _loaded: dict[str, ctypes.CDLL | None] = {}
 
@@ -120,15 +132,48 @@ def cpu_flags() -> str:
         return ""
 
 
+def detected_isa() -> str:
+    """This CPU's best ISA as the kernels know them (ISAS): "avx512" (AVX-512 F/BW/VL with AVX2 and
+    FMA), "avx2" (AVX2 and FMA), else "portable"."""
+    flags = set(cpu_flags().partition(":")[2].split())
+    if {"avx2", "fma"} <= flags:
+        return "avx512" if {"avx512f", "avx512bw", "avx512vl"} <= flags else "avx2"
+    return "portable"
+
+
+def supported_isas() -> tuple[str, ...]:
+    """The ISAs this CPU can run: its own and every lower one."""
+    return ISAS[ISAS.index(detected_isa()):]
+
+
+def isa() -> str:
+    """The ISA this process builds its kernels for: `TRTFORGE_CPU_ISA` when set (one of
+    `supported_isas()`, else ValueError: an AVX-512 build cannot run on an AVX2 CPU), else the
+    CPU's own."""
+    forced = os.environ.get(ISA_ENV, "").strip().lower()
+    if not forced:
+        return detected_isa()
+    if forced not in supported_isas():
+        raise ValueError(f"{ISA_ENV}={forced!r}: this CPU ({detected_isa()}) runs "
+                         f"{', '.join(supported_isas())}")
+    return forced
+
+
+def isa_flags(name: str) -> tuple[str, ...]:
+    """The compiler flags that build kernels for ISA `name` on this CPU."""
+    return ISA_FLAGS["native" if name == detected_isa() else name]
+
+
 def _compiler() -> list[str] | None:
     cc = shlex.split(os.environ.get("CC", "cc"))
     return cc if cc and shutil.which(cc[0]) else None
 
 
-def build(source: Path, extra_flags: tuple[str, ...] = ()) -> Path:
+def build(source: Path, extra_flags: tuple[str, ...] = (), target: str | None = None) -> Path:
     """Compile `source` into the cache (once per source/compiler/flags/CPU); returns the .so path,
     whose bytes match the sha256 recorded when it was built (else it is built again).
     extra_flags: e.g. -fopenmp (the library then shares torch's libgomp.so.1 thread pool).
+    target: the ISA to build for (default `isa()`).
 
     Raises RuntimeError with the compiler's output when there is no compiler or the build fails,
     UnsafeCacheDir (a RuntimeError) when others could write the cache directory."""
@@ -137,7 +182,7 @@ def build(source: Path, extra_flags: tuple[str, ...] = ()) -> Path:
         raise RuntimeError(f"no C compiler found (tried {os.environ.get('CC', 'cc')!r}; set CC)")
     include = Path(__file__).parent  # native_vec.h and any other shared header
     text = source.read_bytes() + b"".join(h.read_bytes() for h in sorted(include.glob("*.h")))
-    flags = (*CFLAGS, *extra_flags)
+    flags = (*CFLAGS, *isa_flags(target or isa()), *extra_flags)
     inputs = hashlib.sha256(text + repr((cc, flags)).encode() + cpu_flags().encode()).hexdigest()
     directory = private_dir(cache_dir())
     record = directory / f"{source.stem}-{inputs[:16]}.json"
@@ -215,10 +260,12 @@ def _write_atomically(path: Path, text: str) -> None:
 
 
 def load(source: Path, signatures: dict[str, tuple[object, list[object]]],
-         extra_flags: tuple[str, ...] = ()) -> ctypes.CDLL | None:
-    """The compiled library of `source` with `signatures` ({name: (restype, argtypes)}) applied,
-    or None when native kernels are disabled or cannot be built (the reason is logged once)."""
-    name = str(source)
+         extra_flags: tuple[str, ...] = (), target: str | None = None) -> ctypes.CDLL | None:
+    """The compiled library of `source` for ISA `target` (default `isa()`) with `signatures`
+    ({name: (restype, argtypes)}) applied, or None when native kernels are disabled or cannot be
+    built (the reason is logged once)."""
+    target = target or isa()
+    name = f"{source}:{target}"
     if name in _loaded:
         return _loaded[name]
     lib = None
@@ -226,7 +273,7 @@ def load(source: Path, signatures: dict[str, tuple[object, list[object]]],
         log.info("native CPU kernels disabled (%s=0): using the torch path", ENV_VAR)
     else:
         try:
-            lib = ctypes.CDLL(str(build(source, extra_flags)))
+            lib = ctypes.CDLL(str(build(source, extra_flags, target)))
             for fn, (restype, argtypes) in signatures.items():
                 getattr(lib, fn).restype = restype
                 getattr(lib, fn).argtypes = argtypes
@@ -245,13 +292,21 @@ class NativeLibrary:
     that counts kernel calls, or None to force the torch path) by setting `lib`."""
 
     def __init__(self, source: Path, signatures: dict[str, tuple[object, list[object]]],
-                 extra_flags: tuple[str, ...] = ()):
+                 extra_flags: tuple[str, ...] = (), target: str | None = None):
         self.source, self.signatures, self.extra_flags = source, signatures, extra_flags
+        self.target = target
+        """The ISA it is built for; None: this process's `isa()`."""
         self.lib: ctypes.CDLL | None | bool = False
         """The loaded library; None where it cannot be built; False until the first `get()`."""
 
     def get(self) -> ctypes.CDLL | None:
         """The library (loaded now if not yet), or None where it cannot be built."""
         if self.lib is False:
-            self.lib = load(self.source, self.signatures, self.extra_flags)
+            self.lib = load(self.source, self.signatures, self.extra_flags, self.target)
         return self.lib  # type: ignore[return-value]
+
+    def for_isa(self, target: str) -> "NativeLibrary":
+        """The same source built for ISA `target` (one of `supported_isas()`), loaded at its `get()`."""
+        if target not in supported_isas():
+            raise ValueError(f"{target!r} is not an ISA this CPU runs ({', '.join(supported_isas())})")
+        return NativeLibrary(self.source, self.signatures, self.extra_flags, target)

@@ -1,51 +1,54 @@
-"""The network's linear layers on CPU (float32): a C GEMV for decode-sized batches, oneDNN beyond.
+"""The network's linear layers on CPU (float32): one packed C GEMM for every row count, oneDNN where it cannot run.
 
 Why not `F.linear`: PyTorch's CPU `F.linear` calls MKL, whose fp32 GEMM for LLM shapes is slow on
-AMD processors and barely uses a second thread (2-core AMD EPYC, [16 × 896] × [896 × 9728]:
-14.2 ms vs 6.1 ms through oneDNN; 3.8 vs 2.0 ms at one row).
+AMD processors and barely uses a second thread (2-core AMD EPYC, [16 x 896] x [896 x 9728]:
+14.2 ms vs 6.1 ms through oneDNN), and neither MKL nor oneDNN streams the weights once for the
+2-64 rows of a batched decode step: their kernels for a handful of rows re-read them.
 
-Why a C GEMV for up to `GEMV_MAX_ROWS` rows (`linear.c`): a decode step mostly streams the
-weights, and oneDNN's kernel for a handful of rows re-reads them. Measured on that machine, 6 layers
-of Qwen2.5-0.5B's linears (0.23 GB), oneDNN vs the C kernel, ms:
+Why packed weights (`linear.c`): at engine load (`CpuLinear.pack_weights`, called by the loader)
+each weight [N, K] is rewritten once into panels of 16 output features, k-major
+(`pack_reference` is the layout in torch); the kernel's register tiles (8 rows x 32 features on
+AVX-512, 6 x 16 on AVX2) then read each weight vector once per tile and reuse it for every row of
+the tile, so a decode step streams the weights once and the FMAs of a tile never wait on each
+other; prefill-sized products are blocked like any GEMM (linear.c's header). Measured on a 2-vCPU
+Intel Xeon (AVX-512; one core's FMA peak 156 GFLOP/s), one thread, [64 x 4864] x [4864 x 896]:
+125 GFLOP/s, where the dot-product GEMV this replaces ran a 16-row decode step's linears at
+~60 GFLOP/s and oneDNN at ~55; whole decode steps before and after: docs/benchmarks.md
+("Batched decode"), from scripts/profile_decode.py.
 
-    rows               1     8    16    24    32    48
-    2 threads  oneDNN 25.8  56.3  68.6  81.2  87.5  99.8
-               C      20.3  32.4  48.9  66.0  73.3  87.6
-    1 thread   oneDNN 31.4  80.5 103   125   131   167
-               C      27.1  53.2  76.3  99.9 134   184
-
-Its small products (qkv, o_proj: 3–4 MB) also run nearer memory speed than oneDNN's.
-
-Why dense weights: oneDNN's `_linear_pointwise` takes the plain [N, K] weight as fast as one
-pre-packed into its blocked layout (`_reorder_linear_weight`; measured equal within noise from 1
-to 256 rows), so one dense copy serves both kernels, and a tied LM head reads the embedding table
-itself instead of a second copy of it.
+Packing copies the weights once (anonymous memory, on transparent huge pages where the OS allows,
+instead of the page cache's mapping of the engine file; ~0.4 s per GB on 2 cores). A tied LM head packs the embedding table and the
+embeddings are then looked up from the packed copy (`PackedEmbedding`), so no table is held twice.
 
 Which layers use it: the kernels registry (plugins/kernels.py) chooses "cpu" linears for float32
 on CPU where this torch has oneDNN's linear (`onednn_available`), unless `TRTFORGE_CPU_ONEDNN=0`
-(plain `F.linear`); the network is then built with a `CpuLinear` for every linear layer and the LM
-head runs `cpu_linear` on its weight, the embedding table itself when tied (models/layers.py).
-`TRTFORGE_CPU_NATIVE=0` keeps oneDNN but not the C kernel. All give the same results up to float32
-summation order.
+(plain `F.linear`); the network is then built with a `CpuLinear` for every linear layer and a
+`TiedLMHead` on `cpu_linear` (models/layers.py). Where the C library cannot be built
+(`TRTFORGE_CPU_NATIVE=0`, no compiler) nothing is packed and every product runs oneDNN on the
+dense weight. Under autograd, tracing or export a packed layer runs `F.linear` on its unpacked
+weight. All give the same results up to float32 summation order.
 """
 
 from __future__ import annotations
 
 import ctypes
+import mmap
 from pathlib import Path
 
 import torch
 from torch import nn
 
 from trtforge.plugins import native
-from trtforge.plugins.cpu.fused import native_ok
 
-GEMV_MAX_ROWS = 32
-"""Most rows (tokens) a product sends to the C kernel; more go to oneDNN (measured crossover: ~48
-rows with 2 threads, ~30 with 1)."""
+PANEL = 16
+"""Output features per packed panel (linear.c)."""
+PAIR = 32
+"""The packed layout pads N to a multiple of this (two panels: an AVX-512 tile's width)."""
 
 _P, _I = ctypes.c_void_p, ctypes.c_int64
-_SIGNATURES = {"trtforge_gemv": (None, [_P, _I, _P, _P, _P, _I, _I, _I])}
+_SIGNATURES = {"trtforge_packed_linear": (None, [_P, _I, _P, _P, _P, _I, _I, _I]),
+               "trtforge_pack_linear": (None, [_P, _I, _I, _P, _I]),
+               "trtforge_packed_rows": (ctypes.c_int, [_P, _I, _I, _P, _I, _P])}
 LIBRARY = native.NativeLibrary(Path(__file__).with_name("linear.c"), _SIGNATURES,
                                extra_flags=("-fopenmp", "-ffp-contract=fast"))
 library = LIBRARY.get  # the library, or None where it cannot be built (then oneDNN runs)
@@ -75,31 +78,87 @@ def onednn_linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | No
     return y.reshape(*x.shape[:-1], weight.shape[0])
 
 
+def packed_shape(out_features: int, in_features: int) -> tuple[int, int, int]:
+    """The packed layout's shape: [panels, K, PANEL], N padded to a multiple of PAIR."""
+    return -(-out_features // PAIR) * (PAIR // PANEL), in_features, PANEL
+
+
+def pack_reference(weight: torch.Tensor) -> torch.Tensor:
+    """W [N, K] in the packed layout, by torch: P[p, i, j] = W[16 p + j, i], zero rows past N."""
+    n, k = weight.shape
+    panels = packed_shape(n, k)[0]
+    padded = torch.nn.functional.pad(weight, (0, 0, 0, panels * PANEL - n))
+    return padded.view(panels, PANEL, k).transpose(1, 2).contiguous()
+
+
+def unpack(packed: torch.Tensor, out_features: int) -> torch.Tensor:
+    """The dense W [N, K] of a packed weight (a copy)."""
+    panels, k, _ = packed.shape
+    return packed.transpose(1, 2).reshape(panels * PANEL, k)[:out_features].contiguous()
+
+
+def _empty(shape: tuple[int, ...]) -> torch.Tensor:
+    """An uninitialised float32 tensor; from 2 MiB on in anonymous memory advised to transparent
+    huge pages where the OS has them (512x fewer page faults while packing: 0.70 -> 0.39 s per GB
+    measured on 2 cores, and fewer TLB misses while the GEMM streams it)."""
+    nbytes = 4 * shape[0] * shape[1] * shape[2]
+    if nbytes < 2 << 20 or not hasattr(mmap, "MADV_HUGEPAGE"):
+        return torch.empty(shape)
+    buffer = mmap.mmap(-1, nbytes, flags=mmap.MAP_PRIVATE | mmap.MAP_ANONYMOUS)
+    buffer.madvise(mmap.MADV_HUGEPAGE)
+    return torch.frombuffer(buffer, dtype=torch.float32).view(shape)  # the tensor keeps the mapping
+
+
+def pack(weight: torch.Tensor, lib: ctypes.CDLL | None = None) -> torch.Tensor:
+    """W [N, K] float32 in the packed layout, by the C kernel of `lib` (default this process's)."""
+    lib = lib or library()
+    n, k = weight.shape
+    if lib is None or weight.dtype != torch.float32 or weight.device.type != "cpu":
+        return pack_reference(weight)
+    weight = weight.contiguous()
+    out = _empty(packed_shape(n, k))
+    lib.trtforge_pack_linear(weight.data_ptr(), n, k, out.data_ptr(), torch.get_num_threads())
+    return out
+
+
+def packed_ok(x: torch.Tensor) -> bool:
+    """Whether the packed kernel may take x: `native_ok` but for its K % 8 rule (this kernel takes any K)."""
+    return (type(x) is torch.Tensor and x.dtype is torch.float32 and x.is_cpu and not torch.is_grad_enabled()
+            and x.is_contiguous() and not torch._C._get_tracing_state() and not torch.compiler.is_compiling()
+            and library() is not None)
+
+
+def packed_linear(x: torch.Tensor, packed: torch.Tensor, bias: torch.Tensor | None, out_features: int,
+                  lib: ctypes.CDLL | None = None) -> torch.Tensor:
+    """y = x W^T + b by the packed C kernel; x float32 contiguous CPU [..., K] (`packed_ok`)."""
+    lib = lib or LIBRARY.lib
+    k = packed.shape[1]
+    rows = x.numel() // k
+    y = x.new_empty((*x.shape[:-1], out_features))
+    lib.trtforge_packed_linear(x.data_ptr(), rows, packed.data_ptr(), None if bias is None else bias.data_ptr(),  # type: ignore[union-attr]
+                               y.data_ptr(), out_features, k, torch.get_num_threads())
+    return y
+
+
 def cpu_linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:
-    """y = x W^T + b, float32 on CPU, W dense contiguous [out, in]: the C GEMV for up to
-    GEMV_MAX_ROWS rows (in eager inference, K a multiple of 8, kernel built), oneDNN otherwise."""
-    out_features, in_features = weight.shape
-    rows = x.numel() // in_features if x.dim() else 0
-    if rows <= GEMV_MAX_ROWS and in_features % 8 == 0 and native_ok(x) and library() is not None:
-        y = x.new_empty((*x.shape[:-1], out_features))
-        LIBRARY.lib.trtforge_gemv(  # type: ignore[union-attr]
-            x.data_ptr(), rows, weight.data_ptr(), None if bias is None else bias.data_ptr(), y.data_ptr(),
-            out_features, in_features, torch.get_num_threads())
-        return y
+    """y = x W^T + b on a dense W [out, in], float32 on CPU: oneDNN (contiguous x). The layers that
+    pack their weights (CpuLinear, TiedLMHead) run `packed_linear` instead."""
     if not x.is_contiguous():
         x = x.contiguous()
     return onednn_linear(x, weight, bias)
 
 
 class CpuLinear(nn.Module):
-    """y = x W^T + b through `cpu_linear`, float32 on CPU, W dense [out, in] (buffers `weight`,
-    `bias`: the state-dict names of nn.Linear); shares the tensors it is given."""
+    """y = x W^T + b, float32 on CPU, through the packed C kernel once `pack_weights` has run (the
+    loader calls it), oneDNN on the dense weight before or without it. Buffers `weight` (dense
+    [out, in]: the state-dict name of nn.Linear, None once packed), `packed`, `bias`."""
 
     def __init__(self, weight: torch.Tensor, bias: torch.Tensor | None):
         super().__init__()
         self.out_features, self.in_features = weight.shape
         self.register_buffer("weight", weight.detach().contiguous())
         self.register_buffer("bias", None if bias is None else bias.detach().contiguous())
+        self.register_buffer("packed", None, persistent=False)
         self.register_load_state_dict_post_hook(_keep_contiguous)
 
     @classmethod
@@ -107,19 +166,55 @@ class CpuLinear(nn.Module):
         """Uninitialised, for a network whose weights are loaded afterwards (on meta: no storage)."""
         return cls(torch.empty(out_features, in_features), torch.empty(out_features) if bias else None)
 
+    def pack_weights(self) -> None:
+        """Pack the weight for the C kernel and drop the dense copy (no-op without the library)."""
+        if self.packed is None and self.weight is not None and library() is not None and not self.weight.is_meta:
+            self.packed, self.weight = pack(self.weight), None
+
+    def dense_weight(self) -> torch.Tensor:
+        """W [out, in]: the dense buffer, or unpacked (a copy) once packed."""
+        return self.weight if self.weight is not None else unpack(self.packed, self.out_features)
+
     def extra_repr(self) -> str:
-        return f"in_features={self.in_features}, out_features={self.out_features}, bias={self.bias is not None}"
+        layout = "packed" if self.packed is not None else "dense"
+        return (f"in_features={self.in_features}, out_features={self.out_features}, bias={self.bias is not None}, "
+                f"{layout}")
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
+        if self.packed is not None:
+            if packed_ok(x):
+                return packed_linear(x, self.packed, self.bias, self.out_features)
+            return torch.nn.functional.linear(x, self.dense_weight(), self.bias)
         return cpu_linear(x, self.weight, self.bias)
 
 
+class PackedEmbedding(nn.Module):
+    """Token embeddings looked up in a packed tied LM head (`TiedLMHead.packed`): the rows of the
+    table it was packed from, so the table itself need not be kept. Holds no tensor of its own."""
+
+    def __init__(self, head: nn.Module):
+        super().__init__()
+        self._head = (head,)  # a tuple: not a submodule, so the state dict names nothing twice
+        self.num_embeddings, self.embedding_dim = head.out_features, head.in_features
+
+    def forward(self, input_ids: torch.Tensor, out: torch.Tensor | None = None) -> torch.Tensor:
+        packed = self._head[0].packed
+        ids = input_ids.reshape(-1).to(torch.int64).contiguous()
+        if out is None:
+            out = torch.empty(ids.numel(), self.embedding_dim)
+        if LIBRARY.lib.trtforge_packed_rows(packed.data_ptr(), self.num_embeddings, self.embedding_dim,  # type: ignore[union-attr]
+                                            ids.data_ptr(), ids.numel(), out.data_ptr()):
+            raise IndexError(f"token id out of range [0, {self.num_embeddings}) in the embedding lookup")
+        return out.view(*input_ids.shape, self.embedding_dim)
+
+
 def _keep_contiguous(module: CpuLinear, _incompatible) -> None:
-    """The C GEMV reads W and b by raw pointer: loaded tensors must be dense (safetensors' are)."""
+    """The C kernels read W and b by raw pointer: loaded tensors must be dense (safetensors' are)."""
     for name in ("weight", "bias"):
         t = getattr(module, name)
         if t is not None and not t.is_meta and not t.is_contiguous():
             setattr(module, name, t.contiguous())
 
 
-__all__ = ["CpuLinear", "GEMV_MAX_ROWS", "cpu_linear", "onednn_available", "onednn_linear"]
+__all__ = ["PANEL", "PAIR", "CpuLinear", "PackedEmbedding", "cpu_linear", "onednn_available", "onednn_linear",
+           "pack", "pack_reference", "packed_linear", "packed_ok", "packed_shape", "unpack"]

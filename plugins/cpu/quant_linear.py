@@ -36,6 +36,10 @@ from trtforge.plugins.cpu.fused import native_ok
 
 SCHEMES = ("int8_wo", "int4_wo")
 QMAX = {"int8_wo": 127, "int4_wo": 7}
+GEMV_MAX_ROWS = 32
+"""Most rows the float-activation GEMVs take in one call (they re-read the weights per few rows:
+beyond this, prefill dequantises the layer and runs a GEMM; a head that must not be dequantised
+runs the GEMV this many rows at a time)."""
 
 _P, _I = ctypes.c_void_p, ctypes.c_int64
 _SIGNATURES = {"trtforge_gemv_int8": (None, [_P, _I, _P, _P, _P, _P, _I, _I, _I]),
@@ -215,5 +219,6 @@ def dequantize_into(out: torch.Tensor, qweight: torch.Tensor, scales: torch.Tens
     return out
 
 
-__all__ = ["ACT_BLOCK", "QMAX", "SCHEMES", "a8_ok", "dequantize", "dequantize_into", "gemv", "gemv_a8_reference",
-           "gemv_function", "kernel_ok", "pack_int4", "quantize", "quantize_activations", "unpack_int4"]
+__all__ = ["ACT_BLOCK", "GEMV_MAX_ROWS", "QMAX", "SCHEMES", "a8_ok", "dequantize", "dequantize_into", "gemv",
+           "gemv_a8_reference", "gemv_function", "kernel_ok", "pack_int4", "quantize", "quantize_activations",
+           "unpack_int4"]

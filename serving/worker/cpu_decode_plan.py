@@ -5,16 +5,16 @@ should cost next to nothing. Through the network's modules it does not: per laye
 view/split ops, routing checks and tensor allocations, run between weight streams that have just
 flushed the caches, add ~15 ms to a ~130 ms batch-1 step of a 0.5B model (measured by
 `trtforge bench offline`'s decode breakdown). This plan runs the same step as one Python loop over
-the layers calling the kernels the network itself uses (plugins/cpu/fused.c, plugins/cpu/linear.c,
-plugins/paged_attention/cpu_decode.c) on buffers allocated once per batch size, with their
-argument tuples built once:
+the layers calling the kernels the network itself uses (plugins/cpu/fused.c, plugins/cpu/linear.c
+on the packed weights, plugins/paged_attention/cpu_decode.c) on buffers allocated once per batch
+size, with their argument tuples built once:
 
-    embed → per layer: add+RMSNorm → qkv GEMV → RoPE → KV write + attention → o GEMV
-          → add+RMSNorm → gate_up GEMV → SiLU·mul → down GEMV → final add+RMSNorm → head GEMV
+    embed → per layer: add+RMSNorm → qkv GEMM → RoPE → KV write + attention → o GEMM
+          → add+RMSNorm → gate_up GEMM → SiLU·mul → down GEMM → final add+RMSNorm → head GEMM
 
 Like `CudaGraphRunner`, the executor asks `can_run` per step and falls back to the network for
-everything else (prefill chunks, mixed steps, more than `GEMV_MAX_ROWS` tokens — `A8_MAX_ROWS` for an
-engine whose linears are all int8-activation kernels — and long contexts). Only
+everything else (prefill chunks, mixed steps, more than `MAX_ROWS` tokens — `GEMV_MAX_ROWS` for an
+engine with float-activation quantized linears — and long contexts). Only
 Llama-style networks qualify (RMSNorm, gated SiLU MLP, RoPE, no q/k norm); others keep the network
 path. Results equal the network's up to float32 rounding (tests/serving/worker/test_cpu_decode_plan.py).
 Weight-only quantized engines run the same plan with the quantized GEMV (plugins/cpu/quant_linear.c)
@@ -22,7 +22,7 @@ for their decoder linears (QuantLinear) and their LM head when it is quantized t
 supplies the embeddings: QuantEmbedding dequantises the looked-up rows) — the int8-activation kernel
 where it takes the layer, exactly as each QuantLinear was built to run (its `a8`: models/quantized_layers.py).
 Which linears qualify is decided by the layers the network was built with (models/layers.py): a
-CpuLinear, the tied LM head on `cpu_linear`, or a QuantLinear on its C kernels.
+packed CpuLinear, the packed tied LM head, or a QuantLinear on its C kernels.
 """
 
 from __future__ import annotations
@@ -36,7 +36,8 @@ from trtforge.models.layers import TiedLMHead
 from trtforge.models.quantized_layers import QuantLinear
 from trtforge.models.rope import rotary_cos_sin
 from trtforge.plugins.cpu import fused as cpu_fused, linear as cpu_linear, quant_linear as cpu_quant
-from trtforge.plugins.cpu.linear import GEMV_MAX_ROWS, CpuLinear
+from trtforge.plugins.cpu.linear import CpuLinear
+from trtforge.plugins.cpu.quant_linear import GEMV_MAX_ROWS
 from trtforge.plugins.paged_attention import cpu_native
 from trtforge.serving.worker.model_inputs import ModelInputs
 
@@ -46,13 +47,12 @@ def _ptr(t: torch.Tensor | None) -> int | None:
 
 
 def _plan_linear(m: Any) -> bool:
-    """A linear the plan can call: float32 CpuLinear (or the tied head on the same kernel), or a
-    QuantLinear built for its C kernels and of a shape they take."""
+    """A linear the plan can call: a packed float32 CpuLinear or tied head, or a QuantLinear built
+    for its C kernels and of a shape they take."""
     if isinstance(m, QuantLinear):
         return (m.native and m.in_features % 8 == 0 and (m.group or 8) % 8 == 0 and m.scales.device.type == "cpu"
                 and (m.bias is None or m.bias.dtype == torch.float32))
-    dense = isinstance(m, CpuLinear) or (isinstance(m, TiedLMHead) and m.kernel is cpu_linear.cpu_linear)
-    return dense and m.in_features % 8 == 0
+    return isinstance(m, (CpuLinear, TiedLMHead)) and m.packed is not None
 
 
 def _quant_gemv(lin: QuantLinear, x: int, t: int, y: int) -> tuple:
@@ -70,9 +70,9 @@ def _linears(network: Any) -> list[Any]:
         layer.attn.qkv, layer.attn.o_proj, layer.mlp.gate_up, layer.mlp.down)]
 
 
-A8_MAX_ROWS = 256
-"""A quantized engine's plan takes decode batches up to this size (its int8-activation kernels are
-the fastest path at any row count; the module path would add ~15 ms a step and gather the KV for SDPA)."""
+MAX_ROWS = 256
+"""The plan takes decode batches up to this size (the packed float32 GEMM and the int8-activation
+kernels take any row count; the module path would add ~15 ms a step and gather the KV for SDPA)."""
 
 
 def _failed(kind: str) -> None:
@@ -89,10 +89,10 @@ class CpuDecodePlan:
         self.cfg = network.cfg
         self._prepared: dict[int, tuple[dict[str, torch.Tensor], list[tuple], tuple]] = {}
         self._buffers: dict[str, torch.Tensor] = {}  # [rows, width] each; a step of t tokens uses rows :t
-        all_a8 = all(isinstance(m, QuantLinear) and m.a8 for m in _linears(network))
-        self.max_rows = A8_MAX_ROWS if all_a8 else GEMV_MAX_ROWS
-        """Most tokens a step may have: the float GEMVs' limit, or A8_MAX_ROWS where every linear is
-        an int8-activation kernel (which takes any number of rows)."""
+        float_gemv = any(isinstance(m, QuantLinear) and not m.a8 for m in _linears(network))
+        self.max_rows = GEMV_MAX_ROWS if float_gemv else MAX_ROWS
+        """Most tokens a step may have: MAX_ROWS, or the float-activation quantized GEMVs' limit
+        where a layer runs one."""
 
     @classmethod
     def build(cls, network: Any, kv_caches: list[torch.Tensor],
@@ -150,8 +150,8 @@ class CpuDecodePlan:
         def gemv(x: str, lin: CpuLinear | TiedLMHead | QuantLinear, y: str) -> tuple:
             if isinstance(lin, QuantLinear):
                 return _quant_gemv(lin, p[x], t, p[y])
-            return (self.linear.trtforge_gemv, p[x], t, lin.weight.data_ptr(), _ptr(lin.bias), p[y],
-                    lin.out_features, lin.in_features)
+            return (self.linear.trtforge_packed_linear, p[x], t, lin.packed.data_ptr(),
+                    _ptr(getattr(lin, "bias", None)), p[y], lin.out_features, lin.in_features)
 
         calls = []  # per layer: (norm_in, qkv, o, norm_post, gate_up, silu, down)
         for i, layer in enumerate(net.layers):
@@ -226,6 +226,6 @@ class CpuDecodePlan:
             if call[0](*call[1:], threads):
                 _failed("LM head")
         else:
-            self.linear.trtforge_gemv(hidden, t, head.weight.data_ptr(), None, logits.data_ptr(),
-                                      head.out_features, head.in_features, threads)
+            self.linear.trtforge_packed_linear(hidden, t, head.packed.data_ptr(), None, logits.data_ptr(),
+                                               head.out_features, head.in_features, threads)
         return logits

@@ -127,7 +127,7 @@ def test_quantized_lm_head_and_embeddings(tmp_path, variant, head_scheme):
     its float embedding table."""
     from tests.helpers.checkpoints import make_variant
     from trtforge.models.quantized_layers import QuantEmbedding
-    from trtforge.plugins.cpu.linear import GEMV_MAX_ROWS
+    from trtforge.plugins.cpu.quant_linear import GEMV_MAX_ROWS
 
     ckpt = make_variant(tmp_path / "ckpt", variant)
     out, cfg = build_engine(str(ckpt), tmp_path / "e", BuildConfig(dtype="float32", quantization="int4_wo",

@@ -73,7 +73,7 @@ def test_the_network_is_built_with_the_choice(tmp_path, monkeypatch):
     from trtforge.builder.build_config import BuildConfig
     from trtforge.models.layers import TiedLMHead
     from trtforge.models.loader import load_network
-    from trtforge.plugins.cpu.linear import CpuLinear, cpu_linear
+    from trtforge.plugins.cpu.linear import CpuLinear, PackedEmbedding, cpu_linear
 
     ckpt = make_variant(tmp_path / "ckpt", "qwen2-gqa-bias-tied")
     out, cfg = build_engine(str(ckpt), tmp_path / "e", BuildConfig(dtype="float32", kv_cache_memory="8MiB"),
@@ -81,12 +81,17 @@ def test_the_network_is_built_with_the_choice(tmp_path, monkeypatch):
     fast = load_network(out, cfg, kernels="auto")
     assert isinstance(fast.layers[0].attn.qkv, CpuLinear) and isinstance(fast.layers[0].mlp.down, CpuLinear)
     assert isinstance(fast.head, TiedLMHead) and fast.head.kernel is cpu_linear
-    assert fast.head.weight.data_ptr() == fast.embed_tokens.weight.data_ptr()  # the loaded table, no copy
+    # packed at load: no dense copy left, and the tied table held once (the embeddings read the packed head)
+    assert fast.layers[0].attn.qkv.weight is None and fast.layers[0].attn.qkv.packed is not None
+    assert isinstance(fast.embed_tokens, PackedEmbedding) and fast.embed_tokens._head[0] is fast.head
+    assert fast.head._embedding[0].weight is None and fast.head.packed is not None
     assert fast.layers[0].input_norm.fused and fast.layers[0].attn.paged_attention.name == "cpu"
     plain = load_network(out, cfg)
     assert type(plain.layers[0].attn.qkv) is nn.Linear and plain.head.kernel is torch.nn.functional.linear
     assert not plain.layers[0].input_norm.fused and plain.layers[0].attn.paged_attention is None
-    assert fast.state_dict().keys() == plain.state_dict().keys()
+    packed_away = {k for k in plain.state_dict() if k.endswith(".weight") and k not in fast.state_dict()}
+    assert fast.state_dict().keys() == plain.state_dict().keys() - packed_away
+    assert "embed_tokens.weight" in packed_away and "layers.0.attn.qkv.weight" in packed_away
     with torch.inference_mode():
         ids = torch.tensor([3, 5, 7])
         torch.testing.assert_close(fast.head(fast.embed_tokens(ids)), plain.head(plain.embed_tokens(ids)),

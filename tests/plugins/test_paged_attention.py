@@ -289,6 +289,7 @@ def test_torch_decode_path_matches_reference(scenario, block_size, torch_decode)
 @pytest.mark.parametrize("head_dim", [8, 64])
 @pytest.mark.parametrize("group", [1, 2, 7])
 @pytest.mark.parametrize("block_size", [1, 16, 32])
+@pytest.mark.usefixtures("each_isa")
 def test_native_decode_matches_reference(block_size, group, head_dim):
     """The C decode kernel: outputs vs the reference, and the pool written bit for bit alike.
     Context lengths cross blocks and leave remainders of 1-3 after the kernel's groups of four."""

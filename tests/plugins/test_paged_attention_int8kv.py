@@ -112,6 +112,7 @@ def test_torch_path_matches_reference(scenario, block_size, impl, torch_decode):
 @pytest.mark.parametrize("head_dim", [8, 64])
 @pytest.mark.parametrize("group", [1, 2, 7])
 @pytest.mark.parametrize("block_size", [1, 16, 32])
+@pytest.mark.usefixtures("each_isa")
 def test_native_decode_matches_reference(block_size, group, head_dim):
     """The C kernel's int8 path: the stored bytes and scales equal the reference's bit for bit
     (same IEEE operations), outputs equal up to float32 summation order."""

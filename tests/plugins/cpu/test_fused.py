@@ -26,6 +26,7 @@ def test_kernels_build_here():
 
 
 @pytest.mark.parametrize("rows,dim", [(1, 896), (3, 64), (17, 8)])
+@pytest.mark.usefixtures("each_isa")
 def test_rms_norm(rows, dim):
     g = torch.Generator().manual_seed(rows)
     x, w = torch.randn(rows, dim, generator=g), torch.randn(dim, generator=g)
@@ -34,6 +35,7 @@ def test_rms_norm(rows, dim):
     torch.testing.assert_close(out, F.rms_norm(x, (dim,), w, 1e-6), **EXACTISH)
 
 
+@pytest.mark.usefixtures("each_isa")
 def test_rms_norm_adds_the_residual_in_place():
     g = torch.Generator().manual_seed(0)
     x, residual, w = torch.randn(5, 64, generator=g), torch.randn(5, 64, generator=g), torch.randn(64, generator=g)
@@ -45,6 +47,7 @@ def test_rms_norm_adds_the_residual_in_place():
     torch.testing.assert_close(out, F.rms_norm(expected_sum, (64,), w, 1e-5), **EXACTISH)
 
 
+@pytest.mark.usefixtures("each_isa")
 def test_silu_mul_including_extreme_gates():
     g = torch.Generator().manual_seed(1)
     gate_up = torch.randn(3, 2 * 40, generator=g) * 4
@@ -57,6 +60,7 @@ def test_silu_mul_including_extreme_gates():
 
 
 @pytest.mark.parametrize("head_dim", [16, 64, 24])
+@pytest.mark.usefixtures("each_isa")
 def test_rope_rotates_only_the_given_heads(head_dim):
     g = torch.Generator().manual_seed(head_dim)
     tokens, hq, hkv = 4, 6, 2

@@ -1,5 +1,7 @@
-"""The CPU linear layer (plugins/cpu/linear.py): the C GEMV for up to GEMV_MAX_ROWS rows and
-oneDNN beyond, both against F.linear, with and without bias, on shapes that leave remainders."""
+"""The CPU linear layer (plugins/cpu/linear.py): the packed C GEMM, built for every ISA this CPU runs
+(AVX-512, AVX2, portable), against F.linear in float64 on shapes that leave remainders everywhere:
+rows not a multiple of the register tile, N not a multiple of a panel pair, K not a multiple of
+the vector width, more rows than one chunk with K past one K block."""
 
 from __future__ import annotations
 
@@ -7,41 +9,99 @@ import pytest
 import torch
 import torch.nn.functional as F
 
+from trtforge.plugins import native
 from trtforge.plugins.cpu import linear as cpu_linear
-from trtforge.plugins.cpu.linear import GEMV_MAX_ROWS, CpuLinear
+from trtforge.plugins.cpu.linear import CpuLinear, PackedEmbedding
 
 
-def test_gemv_builds_here():
-    assert cpu_linear.library() is not None
+@pytest.fixture(params=native.supported_isas())
+def lib(request):
+    """linear.c built for one ISA (each a separate library in this process)."""
+    built = cpu_linear.LIBRARY.for_isa(request.param).get()
+    assert built is not None, f"linear.c does not build for {request.param}"
+    return built
+
+
+def _reference(x, w, b):
+    return F.linear(x.double(), w.double(), None if b is None else b.double()).float()
+
+
+def test_every_isa_this_cpu_runs_is_tested():
+    assert native.supported_isas()[0] == native.detected_isa() and native.supported_isas()[-1] == "portable"
+
+
+@pytest.mark.parametrize("n,k", [(18, 40), (50, 37), (64, 8), (1, 300)])
+def test_pack_matches_the_reference_layout_and_unpacks(lib, n, k):
+    w = torch.randn(n, k, generator=torch.Generator().manual_seed(n * k))
+    packed = cpu_linear.pack(w, lib)
+    assert packed.shape == cpu_linear.packed_shape(n, k) and packed.shape[0] % 2 == 0
+    assert torch.equal(packed, cpu_linear.pack_reference(w))
+    assert torch.equal(cpu_linear.unpack(packed, n), w)
+    assert torch.count_nonzero(packed.transpose(1, 2).reshape(-1, k)[n:]) == 0  # padding rows are zero
 
 
 @pytest.mark.parametrize("bias", [True, False])
-@pytest.mark.parametrize("rows", [1, 2, 3, 4, 5, 7, GEMV_MAX_ROWS, GEMV_MAX_ROWS + 1, 70])
-def test_matches_f_linear(rows, bias):
-    g = torch.Generator().manual_seed(rows)
-    out_features, in_features = 18, 40  # 18 = four blocks of 4 weight rows + 2 left over
-    w = torch.randn(out_features, in_features, generator=g)
-    b = torch.randn(out_features, generator=g) if bias else None
-    x = torch.randn(rows, in_features, generator=g)
+@pytest.mark.parametrize("rows", [1, 2, 3, 5, 6, 7, 8, 9, 16, 17, 63, 64, 97, 200])
+@pytest.mark.parametrize("n,k", [(18, 40), (50, 300), (96, 33)])
+def test_packed_linear_matches_f_linear(lib, rows, n, k, bias):
+    g = torch.Generator().manual_seed(rows * 1000 + n)
+    w, x = torch.randn(n, k, generator=g), torch.randn(rows, k, generator=g)
+    b = torch.randn(n, generator=g) if bias else None
+    got = cpu_linear.packed_linear(x, cpu_linear.pack(w, lib), b, n, lib)
+    torch.testing.assert_close(got, _reference(x, w, b), atol=1e-4, rtol=1e-5)
+
+
+def test_a_layer_packs_at_load_and_drops_its_dense_weight():
+    g = torch.Generator().manual_seed(0)
+    w, b, x = torch.randn(18, 40, generator=g), torch.randn(18, generator=g), torch.randn(2, 3, 40, generator=g)
     layer = CpuLinear(w, b)
     with torch.inference_mode():
-        got = layer(x)
-    torch.testing.assert_close(got, F.linear(x, w, b), atol=2e-5, rtol=2e-5)
-
-
-def test_three_dimensional_input_and_autograd_fallback():
-    g = torch.Generator().manual_seed(0)
-    w, x = torch.randn(8, 16, generator=g), torch.randn(2, 3, 16, generator=g)
-    layer = CpuLinear(w, None)
+        dense = layer(x)  # before packing: oneDNN on the dense weight
+    layer.pack_weights()
+    assert layer.weight is None and layer.packed is not None and "packed" in repr(layer)
+    assert "weight" not in layer.state_dict() and "packed" not in layer.state_dict()
     with torch.inference_mode():
-        torch.testing.assert_close(layer(x), F.linear(x, w), atol=2e-5, rtol=2e-5)
-    torch.testing.assert_close(layer(x), F.linear(x, w), atol=2e-5, rtol=2e-5)  # grad mode: oneDNN
+        packed = layer(x)
+    torch.testing.assert_close(packed, _reference(x, w, b), atol=1e-4, rtol=1e-5)
+    torch.testing.assert_close(dense, _reference(x, w, b), atol=1e-4, rtol=1e-5)
+    torch.testing.assert_close(layer(x), _reference(x, w, b), atol=1e-4, rtol=1e-5)  # grad mode: F.linear
+    assert torch.equal(layer.dense_weight(), w)
+
+
+def test_packed_embedding_reads_the_tables_rows_and_refuses_bad_ids():
+    from trtforge.models.layers import TiedLMHead
+
+    table = torch.nn.Embedding(50, 24)
+    with torch.no_grad():
+        table.weight.copy_(torch.randn(50, 24, generator=torch.Generator().manual_seed(1)))
+    expected = table.weight.detach().clone()
+    head = TiedLMHead(table, None, cpu_linear.cpu_linear)
+    head.pack_weights()
+    embedding = PackedEmbedding(head)
+    ids = torch.tensor([[0, 49, 17], [16, 15, 32]])
+    assert torch.equal(embedding(ids), expected[ids])
+    out = torch.empty(3, 24)
+    assert embedding(ids[0], out=out).data_ptr() == out.data_ptr() and torch.equal(out, expected[ids[0]])
+    for bad in (50, -1):
+        with pytest.raises(IndexError, match="out of range"):
+            embedding(torch.tensor([1, bad]))
+
+
+def test_forced_isa(monkeypatch):
+    monkeypatch.setenv(native.ISA_ENV, "portable")
+    assert native.isa() == "portable"
+    monkeypatch.setenv(native.ISA_ENV, "sse9")
+    with pytest.raises(ValueError, match="TRTFORGE_CPU_ISA"):
+        native.isa()
+    monkeypatch.delenv(native.ISA_ENV)
+    assert native.isa() == native.detected_isa()
+    assert native.isa_flags(native.detected_isa()) == ("-march=native",)
 
 
 @pytest.mark.parametrize("shape", [(33, 40), (2, 35, 40), (64, 40)])
 def test_onednn_rows_padded_to_a_few_shapes(shape):
-    """Rows reach oneDNN padded to a multiple of ONEDNN_ROW_QUANTUM (one cached kernel per padded
-    count, not per count); the result is F.linear's, in the input's shape."""
+    """Rows reach oneDNN (the unpacked fallback) padded to a multiple of ONEDNN_ROW_QUANTUM (one
+    cached kernel per padded count, not per count); the result is F.linear's, in the input's shape."""
     from trtforge.plugins.cpu.linear import onednn_linear
 
     g = torch.Generator().manual_seed(len(shape))
@@ -49,3 +109,10 @@ def test_onednn_rows_padded_to_a_few_shapes(shape):
     y = onednn_linear(x, w, b)
     assert y.shape == (*shape[:-1], 18)
     torch.testing.assert_close(y, torch.nn.functional.linear(x, w, b), rtol=1e-5, atol=1e-5)
+
+
+def test_each_isa_is_its_own_binary():
+    """The ISA is a build of its own (flags in the cache key), not one library loaded three times."""
+    built = {isa: native.build(cpu_linear.LIBRARY.source, cpu_linear.LIBRARY.extra_flags, isa)
+             for isa in native.supported_isas()}
+    assert len({p.read_bytes() for p in built.values()}) == len(built)

@@ -89,6 +89,7 @@ def _exact_and_tolerance(x, w, b):
 @pytest.mark.parametrize("scheme,group", [("int8_wo", 0), ("int4_wo", 16), ("int4_wo", 64)])
 @pytest.mark.parametrize("rows", [1, 2, 3, 4, 7, 32])
 @pytest.mark.parametrize("bias", [True, False])
+@pytest.mark.usefixtures("each_isa")
 def test_gemv_matches_reference(scheme, group, rows, bias):
     n, k = 18, 128  # 18 = four blocks of 4 weight rows + 2 left over
     q, s = ql.quantize(_weights(n, k, seed=rows), scheme, group)
@@ -106,6 +107,7 @@ def test_gemv_matches_reference(scheme, group, rows, bias):
 
 
 @pytest.mark.parametrize("scheme,group", [("int8_wo", 0), ("int4_wo", 32)])
+@pytest.mark.usefixtures("each_isa")
 def test_dequantize_into_is_the_reference(scheme, group):
     q, s = ql.quantize(_weights(13, 96, seed=3), scheme, group)
     out = torch.empty(13, 96)
@@ -146,6 +148,7 @@ def _k_values(group):
     return [k for k in (96, 128, 384) if not group or k % group == 0]  # 96: a lone last block of 32
 
 
+@pytest.mark.usefixtures("each_isa")
 def test_activation_quantisation_is_the_reference_bit_for_bit():
     g = torch.Generator().manual_seed(5)
     x = torch.randn(32, 160, generator=g) * 3
@@ -163,6 +166,7 @@ def test_activation_quantisation_is_the_reference_bit_for_bit():
 
 @pytest.mark.parametrize("scheme,group", A8_CASES)
 @pytest.mark.parametrize("bias", [True, False])
+@pytest.mark.usefixtures("each_isa")
 def test_gemv_a8_is_the_integer_reference(scheme, group, bias):
     """Every row count 1..32 (the 4-output blocks, the 1-3 left over, rows looped inside a block, in
     pairs and one left over), and prefill-sized counts (the kernel takes any number of rows)."""
@@ -180,6 +184,7 @@ def test_gemv_a8_is_the_integer_reference(scheme, group, bias):
 
 @pytest.mark.parametrize("scheme,group", A8_CASES)
 @pytest.mark.parametrize("rows", [1, 3, 32])
+@pytest.mark.usefixtures("each_isa")
 def test_gemv_a8_against_the_float_product(scheme, group, rows):
     for k in _k_values(group):
         x, q, s, b = _a8_case(scheme, group, rows, k, True, seed=7 * rows + k)
@@ -262,7 +267,7 @@ def test_quant_linear_takes_the_a8_kernel_for_prefill_too(scheme, group):
     (the float product on the dequantised weights)."""
     from trtforge.models.quantized_layers import QuantLinear
     from trtforge.plugins import kernels
-    from trtforge.plugins.cpu.linear import GEMV_MAX_ROWS
+    from trtforge.plugins.cpu.quant_linear import GEMV_MAX_ROWS
 
     k, n, rows = 256, 18, GEMV_MAX_ROWS * 3 + 5
     x, q, s, b = _a8_case(scheme, group, rows, k, True, seed=11)

@@ -11,7 +11,7 @@ from tests.helpers.checkpoints import make_variant
 from trtforge.builder.build import build_engine
 from trtforge.builder.build_config import BuildConfig
 from trtforge.config.sampling import SamplingParams
-from trtforge.plugins.cpu.linear import GEMV_MAX_ROWS
+from trtforge.plugins.cpu.quant_linear import GEMV_MAX_ROWS
 from trtforge.serving.engine import LLMEngine
 
 
@@ -42,10 +42,10 @@ def test_plan_matches_the_network(tmp_path, monkeypatch, variant, quantization):
 def test_quantized_plan_takes_big_decode_batches(tmp_path, monkeypatch, variant, quantization, lm_head):
     """All linears int8-activation kernels: decode batches past GEMV_MAX_ROWS run the plan too (its
     buffers grow, earlier batch sizes' calls are rebuilt), still equal to the network."""
-    from trtforge.serving.worker.cpu_decode_plan import A8_MAX_ROWS
+    from trtforge.serving.worker.cpu_decode_plan import MAX_ROWS
 
     engine = _engine(tmp_path, variant, quantization, lm_head)
-    assert engine.executor.cpu_plan.max_rows == A8_MAX_ROWS and engine.executor.network.head_linear.scheme == lm_head
+    assert engine.executor.cpu_plan.max_rows == MAX_ROWS and engine.executor.network.head_linear.scheme == lm_head
     seen = _compare_plan_with_network(engine, monkeypatch)
     engine.generate([[5, 9, 13]], SamplingParams(max_tokens=3, ignore_eos=True))
     many = [[7 + i, 8, 9] for i in range(GEMV_MAX_ROWS + 9)]
@@ -83,15 +83,23 @@ def _compare_plan_with_network(engine, monkeypatch) -> list[int]:
 
 
 def test_plan_stands_aside(tmp_path):
+    """Prefill steps are the network's; decode batches past 32 rows (the old GEMV's limit) are the
+    plan's now (the packed GEMM takes any row count), past `max_rows` the network's again."""
+    from trtforge.serving.worker.cpu_decode_plan import MAX_ROWS
+
     engine = _engine(tmp_path, "qwen2-gqa-bias-tied")
     plan, seen = engine.executor.cpu_plan, []
-    assert plan.max_rows == GEMV_MAX_ROWS  # float32: the C GEMV's limit
+    assert plan.max_rows == MAX_ROWS  # float32: the packed GEMM's
     real = plan.can_run
     plan.can_run = lambda inputs: seen.append((inputs.num_tokens, real(inputs))) or seen[-1][1]
     many = [[7 + i, 8, 9] for i in range(GEMV_MAX_ROWS + 1)]
     engine.generate(many, SamplingParams(max_tokens=3, ignore_eos=True))
     assert (3 * len(many), False) in seen, "a prefill step is the network's"
-    assert (len(many), False) in seen, f"more than {GEMV_MAX_ROWS} decode tokens are oneDNN's"
+    assert (len(many), True) in seen, f"{len(many)} decode rows are the plan's"
+    seen.clear()
+    plan.max_rows = 8
+    engine.generate(many[:9], SamplingParams(max_tokens=3, ignore_eos=True))
+    assert (9, False) in seen, "more decode rows than max_rows are the network's"
 
 
 @pytest.mark.parametrize("variant", ["qwen3-headdim-qknorm", "gpt2-untied"])
