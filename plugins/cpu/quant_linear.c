@@ -667,3 +667,123 @@ void trtforge_quantize_activations(const float *x, int64_t rows, int64_t k, int8
     for (int64_t r = 0; r < rows; r++)
         for (int64_t b = 0; b < k / QK; b++) d[r * (k / QK) + b] = quant_block(x + r * k + b * QK, xq + r * k + b * QK);
 }
+
+/* ==== int8 weights x int8 activations on AVX-512 VNNI (batched decode and prefill) ================ *
+ *
+ * The AVX2 kernels above take 2 instructions (vpmaddubsw + vpmaddwd) per 32 multiply-adds and keep
+ * the weights row-major, so a batched step is bound by their arithmetic (an int8 engine ran a
+ * 64-request load slower than float32). Here one vpdpbusd does 64 u8 x s8 multiply-adds into 16
+ * int32 lanes, on weights packed at load for it: panels of 16 output rows, per group of 4 inputs
+ * the panel's 16 x 4 bytes (one 64-byte vector; zero rows pad the last panel). vpdpbusd takes
+ * unsigned activations, so they are stored + 128 (xq ^ 0x80) and 128 * sum(q) over each block of
+ * 32 inputs (packed beside the weights, `wsum`) is subtracted from the block's int32 dot: still
+ * exact. A register tile is 8 rows x 16 outputs: 8 int32 block accumulators, 8 float
+ * accumulators (+= dot * d per block), the row scale and bias once at the end. The panels are
+ * split over the threads; rows in tiles of 8 reuse a panel from L2.
+ *
+ * trtforge_vnni() says whether this build has it (compiled for an AVX-512 VNNI CPU); without it
+ * the functions exist but return -2 (the caller keeps the AVX2 kernels).
+ */
+#if defined(__AVX512F__) && defined(__AVX512VNNI__)
+#define VNNI_MR 8
+
+int trtforge_vnni(void) { return 1; }
+
+/* out [ceil(n/16)][k/4][16][4] int8, wsum [ceil(n/16)][k/32][16] int32 = 128 * block sums. */
+int trtforge_pack_int8_vnni(const int8_t *q, int64_t n, int64_t k, int8_t *out, int32_t *wsum, int64_t threads) {
+    const int64_t panels = (n + 15) / 16, nb = k / QK;
+#pragma omp parallel for schedule(static) num_threads(threads)
+    for (int64_t p = 0; p < panels; p++) {
+        for (int64_t j = 0; j < 16; j++) {
+            const int64_t row = p * 16 + j;
+            for (int64_t b = 0; b < nb; b++) {
+                int32_t s = 0;
+                for (int64_t i = b * QK; i < (b + 1) * QK; i++) {
+                    const int8_t v = row < n ? q[row * k + i] : 0;
+                    out[((p * (k / 4) + i / 4) * 16 + j) * 4 + i % 4] = v;
+                    s += v;
+                }
+                wsum[(p * nb + b) * 16 + j] = 128 * s;
+            }
+        }
+    }
+    return 0;
+}
+
+static inline __attribute__((always_inline)) void vnni_tile(const int mr, const uint8_t *xu, const float *xd,
+                                                           int64_t k, const int8_t *wp, const int32_t *ws,
+                                                           const float *scale, const float *bias, float *y,
+                                                           int64_t ldy, int64_t n0, int64_t cols) {
+    const int64_t nb = k / QK;
+    __m512 f[VNNI_MR];
+#pragma GCC unroll 8
+    for (int r = 0; r < mr; r++) f[r] = _mm512_setzero_ps();
+    for (int64_t b = 0; b < nb; b++) {
+        __m512i acc[VNNI_MR];
+#pragma GCC unroll 8
+        for (int r = 0; r < mr; r++) acc[r] = _mm512_setzero_si512();
+#pragma GCC unroll 8
+        for (int64_t g = 0; g < QK / 4; g++) {
+            const __m512i w = _mm512_loadu_si512((const void *)(wp + (b * (QK / 4) + g) * 64));
+#pragma GCC unroll 8
+            for (int r = 0; r < mr; r++) {
+                int32_t x4;
+                memcpy(&x4, xu + r * k + b * QK + g * 4, 4);
+                acc[r] = _mm512_dpbusd_epi32(acc[r], _mm512_set1_epi32(x4), w);
+            }
+        }
+        const __m512i wsb = _mm512_loadu_si512((const void *)(ws + b * 16));
+#pragma GCC unroll 8
+        for (int r = 0; r < mr; r++)
+            f[r] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(_mm512_sub_epi32(acc[r], wsb)), _mm512_set1_ps(xd[r * nb + b]), f[r]);
+    }
+    const __mmask16 m = cols >= 16 ? (__mmask16)0xffff : (__mmask16)((1u << cols) - 1);
+    const __m512 sc = _mm512_maskz_loadu_ps(m, scale + n0);
+    const __m512 bi = bias ? _mm512_maskz_loadu_ps(m, bias + n0) : _mm512_setzero_ps();
+#pragma GCC unroll 8
+    for (int r = 0; r < mr; r++) _mm512_mask_storeu_ps(y + r * ldy + n0, m, _mm512_fmadd_ps(f[r], sc, bi));
+}
+
+static void vnni_rows(int mr, const uint8_t *xu, const float *xd, int64_t k, const int8_t *wp, const int32_t *ws,
+                      const float *scale, const float *bias, float *y, int64_t ldy, int64_t n0, int64_t cols) {
+    switch (mr) {
+#define CASE(R) case R: vnni_tile(R, xu, xd, k, wp, ws, scale, bias, y, ldy, n0, cols); break;
+    CASE(1) CASE(2) CASE(3) CASE(4) CASE(5) CASE(6) CASE(7) CASE(8)
+#undef CASE
+    default: break;
+    }
+}
+
+/* y = x W^T + b, x quantised per block like the kernels above; W packed by trtforge_pack_int8_vnni.
+ * Returns -1 when the activation scratch cannot be allocated. */
+int trtforge_gemm_int8_vnni(const float *x, int64_t rows, const int8_t *wp, const int32_t *wsum, const float *scale,
+                            const float *bias, float *y, int64_t n, int64_t k, int64_t threads) {
+    act_buf *a = &tls_act;
+    if (act_reserve(a, rows, k)) return -1;
+    quantize_rows(x, rows, k, 0, a, threads);
+    uint8_t *xu = (uint8_t *)a->q;
+    for (int64_t i = 0; i < rows * k; i++) xu[i] ^= 0x80; /* xq + 128, unsigned */
+    const int64_t panels = (n + 15) / 16, nb = k / QK;
+#pragma omp parallel for schedule(static) num_threads(threads)
+    for (int64_t p = 0; p < panels; p++) {
+        const int64_t n0 = p * 16, cols = n - n0 < 16 ? n - n0 : 16;
+        for (int64_t r0 = 0; r0 < rows; r0 += VNNI_MR) {
+            const int mr = (int)(rows - r0 < VNNI_MR ? rows - r0 : VNNI_MR);
+            vnni_rows(mr, xu + r0 * k, a->d + r0 * nb, k, wp + p * k * 16, wsum + p * nb * 16, scale, bias,
+                      y + r0 * n, n, n0, cols);
+        }
+    }
+    return 0;
+}
+#else
+int trtforge_vnni(void) { return 0; }
+int trtforge_pack_int8_vnni(const int8_t *q, int64_t n, int64_t k, int8_t *out, int32_t *wsum, int64_t threads) {
+    (void)q; (void)n; (void)k; (void)out; (void)wsum; (void)threads;
+    return -2;
+}
+int trtforge_gemm_int8_vnni(const float *x, int64_t rows, const int8_t *wp, const int32_t *wsum, const float *scale,
+                            const float *bias, float *y, int64_t n, int64_t k, int64_t threads) {
+    (void)x; (void)rows; (void)wp; (void)wsum; (void)scale; (void)bias; (void)y; (void)n; (void)k; (void)threads;
+    return -2;
+}
+#endif

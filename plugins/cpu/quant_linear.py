@@ -48,7 +48,10 @@ _SIGNATURES = {"trtforge_gemv_int8": (None, [_P, _I, _P, _P, _P, _P, _I, _I, _I]
                "trtforge_gemv_int4_a8": (ctypes.c_int, [_P, _I, _P, _P, _P, _P, _I, _I, _I, _I]),
                "trtforge_quantize_activations": (None, [_P, _I, _I, _P, _P]),
                "trtforge_dequant_int8": (None, [_P, _P, _P, _I, _I, _I]),
-               "trtforge_dequant_int4": (None, [_P, _P, _P, _I, _I, _I, _I])}
+               "trtforge_dequant_int4": (None, [_P, _P, _P, _I, _I, _I, _I]),
+               "trtforge_vnni": (ctypes.c_int, []),
+               "trtforge_pack_int8_vnni": (ctypes.c_int, [_P, _I, _I, _P, _P, _I]),
+               "trtforge_gemm_int8_vnni": (ctypes.c_int, [_P, _I, _P, _P, _P, _P, _P, _I, _I, _I])}
 LIBRARY = native.NativeLibrary(Path(__file__).with_name("quant_linear.c"), _SIGNATURES,
                                extra_flags=("-fopenmp", "-ffp-contract=fast"))
 library = LIBRARY.get  # the library, or None where it cannot be built (then the torch references run)
@@ -205,6 +208,53 @@ def gemv(x: torch.Tensor, qweight: torch.Tensor, scales: torch.Tensor, bias: tor
     return y
 
 
+# ---- int8 x int8 on AVX-512 VNNI: weights packed at load (quant_linear.c) ------------------------
+def vnni_available(lib: ctypes.CDLL | None = None) -> bool:
+    """Whether the library (default this process's) was built with the VNNI kernel (AVX-512 VNNI CPU)."""
+    lib = lib or library()
+    return lib is not None and lib.trtforge_vnni() == 1
+
+
+def pack_int8_vnni_reference(qweight: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """int8 W [N, K] in the VNNI kernel's layout, by torch: (packed int8 [panels, K/4, 16, 4] — per
+    panel of 16 rows and group of 4 inputs, the 16 x 4 weights; zero rows past N — and wsum int32
+    [panels, K/32, 16] = 128 x each row's sum over each block of 32 inputs)."""
+    n, k = qweight.shape
+    panels = -(-n // 16)
+    q = torch.nn.functional.pad(qweight, (0, 0, 0, panels * 16 - n)).view(panels, 16, k // 4, 4)
+    wsum = 128 * q.view(panels, 16, k // ACT_BLOCK, ACT_BLOCK).to(torch.int32).sum(-1)
+    return q.permute(0, 2, 1, 3).contiguous(), wsum.permute(0, 2, 1).contiguous()
+
+
+def pack_int8_vnni(qweight: torch.Tensor, lib: ctypes.CDLL | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+    """`pack_int8_vnni_reference`'s layout, by the C kernel (needs `vnni_available`)."""
+    lib = lib or library()
+    n, k = qweight.shape
+    panels = -(-n // 16)
+    packed = torch.empty(panels, k // 4, 16, 4, dtype=torch.int8)
+    wsum = torch.empty(panels, k // ACT_BLOCK, 16, dtype=torch.int32)
+    if lib.trtforge_pack_int8_vnni(qweight.contiguous().data_ptr(), n, k, packed.data_ptr(), wsum.data_ptr(),
+                                   torch.get_num_threads()):
+        raise RuntimeError("this build of quant_linear.c has no VNNI kernel")
+    return packed, wsum
+
+
+def gemm_int8_vnni(x: torch.Tensor, packed: torch.Tensor, wsum: torch.Tensor, scales: torch.Tensor,
+                   bias: torch.Tensor | None, out_features: int, lib: ctypes.CDLL | None = None) -> torch.Tensor:
+    """y = x W^T + b with x quantised per block of 32 (`gemv_a8_reference`'s arithmetic) on the VNNI
+    kernel; x float32 contiguous [..., K] (`kernel_ok`, K a multiple of 32)."""
+    lib = lib or LIBRARY.lib
+    k = x.shape[-1]
+    y = x.new_empty((*x.shape[:-1], out_features))
+    rc = lib.trtforge_gemm_int8_vnni(x.data_ptr(), x.numel() // k, packed.data_ptr(), wsum.data_ptr(),  # type: ignore[union-attr]
+                                     scales.data_ptr(), None if bias is None else bias.data_ptr(), y.data_ptr(),
+                                     out_features, k, torch.get_num_threads())
+    if rc:
+        raise MemoryError("int8 VNNI GEMM: no memory for the int8 activation rows" if rc == -1
+                          else "this build of quant_linear.c has no VNNI kernel")
+    return y
+
+
 def dequantize_into(out: torch.Tensor, qweight: torch.Tensor, scales: torch.Tensor, scheme: str,
                     group: int) -> torch.Tensor:
     """`dequantize` (float32) written into `out` ([N, K] contiguous float32) by the C kernel."""
@@ -219,6 +269,7 @@ def dequantize_into(out: torch.Tensor, qweight: torch.Tensor, scales: torch.Tens
     return out
 
 
-__all__ = ["ACT_BLOCK", "GEMV_MAX_ROWS", "QMAX", "SCHEMES", "a8_ok", "dequantize", "dequantize_into", "gemv",
+__all__ = ["ACT_BLOCK", "GEMV_MAX_ROWS", "QMAX", "SCHEMES", "a8_ok", "dequantize", "dequantize_into", "gemm_int8_vnni",
+           "gemv", "pack_int8_vnni", "pack_int8_vnni_reference", "vnni_available",
            "gemv_a8_reference", "gemv_function", "kernel_ok", "pack_int4", "quantize", "quantize_activations",
            "unpack_int4"]

@@ -59,6 +59,10 @@ def _quant_gemv(lin: QuantLinear, x: int, t: int, y: int) -> tuple:
     """The call tuple (function, arguments but threads) of the quantized GEMV of `lin`: the
     int8-activation kernel where the layer uses it (`lin.a8`), as QuantLinear runs it.
     Every GEMV of the plan returns None or 0; an int8-activation one nonzero when out of memory."""
+    if lin.vnni is not None:  # packed for the AVX-512 VNNI GEMM (QuantLinear.pack_weights)
+        bias = _ptr(lin.bias)
+        return (cpu_quant.LIBRARY.lib.trtforge_gemm_int8_vnni, x, t, lin.vnni[0].data_ptr(), lin.vnni[1].data_ptr(),
+                lin.scales.data_ptr(), bias, y, lin.out_features, lin.in_features)
     fn = cpu_quant.gemv_function(lin.scheme, lin.a8)
     args = (x, t, lin.qweight.data_ptr(), lin.scales.data_ptr(), _ptr(lin.bias), y, lin.out_features, lin.in_features)
     return (fn, *args) if lin.scheme == "int8_wo" else (fn, *args, lin.group)

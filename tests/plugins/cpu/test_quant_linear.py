@@ -166,12 +166,13 @@ def test_activation_quantisation_is_the_reference_bit_for_bit():
 
 @pytest.mark.parametrize("scheme,group", A8_CASES)
 @pytest.mark.parametrize("bias", [True, False])
-@pytest.mark.usefixtures("each_isa")
-def test_gemv_a8_is_the_integer_reference(scheme, group, bias):
+def test_gemv_a8_is_the_integer_reference(scheme, group, bias, each_isa):
     """Every row count 1..32 (the 4-output blocks, the 1-3 left over, rows looped inside a block, in
-    pairs and one left over), and prefill-sized counts (the kernel takes any number of rows)."""
+    pairs and one left over), and prefill-sized counts (the kernel takes any number of rows); the
+    other ISAs' builds on a subset of those (the float64 reference is this test's cost)."""
+    all_rows = [*range(1, 33), 70, 129] if each_isa == native.detected_isa() else [1, 2, 3, 5, 32, 70]
     for k in _k_values(group):
-        for rows in [*range(1, 33), 70, 129]:
+        for rows in all_rows:
             x, q, s, b = _a8_case(scheme, group, rows, k, bias, seed=rows + k)
             want, m = ql.gemv_a8_reference(x, q, s, b, scheme, group)
             with torch.inference_mode():
@@ -290,3 +291,59 @@ def test_quant_linear_takes_the_a8_kernel_for_prefill_too(scheme, group):
     exact, tol = _exact_and_tolerance(x, ql.dequantize(q, s, scheme, group), b)
     assert (got.double() - exact).abs().le(tol).all()
     assert (got.double() - want).abs().max() > 0  # the two paths really differ (activation rounding)
+
+
+# ---- int8 x int8 on AVX-512 VNNI ----------------------------------------------------------------
+needs_vnni = pytest.mark.skipif(not ql.vnni_available(), reason="needs an AVX-512 VNNI CPU (the AVX2 int8 "
+                                "kernels above are its sibling on every CPU)")
+
+
+def test_vnni_kernel_only_in_vnni_builds(each_isa):
+    lib = ql.LIBRARY.lib
+    has = "avx512_vnni" in native.cpu_flags().split() and each_isa == "avx512"
+    assert bool(lib.trtforge_vnni()) == has
+    if not has:
+        with pytest.raises(RuntimeError, match="no VNNI"):
+            ql.pack_int8_vnni(torch.zeros(16, 32, dtype=torch.int8), lib)
+
+
+@needs_vnni
+@pytest.mark.parametrize("n,k", [(16, 32), (50, 96), (33, 896)])
+def test_vnni_pack_is_the_reference_layout(n, k):
+    q, _ = ql.quantize(torch.randn(n, k, generator=torch.Generator().manual_seed(n)), "int8_wo", 0)
+    packed, wsum = ql.pack_int8_vnni(q)
+    ref_packed, ref_wsum = ql.pack_int8_vnni_reference(q)
+    assert torch.equal(packed, ref_packed) and torch.equal(wsum, ref_wsum)
+
+
+@needs_vnni
+@pytest.mark.parametrize("bias", [True, False])
+@pytest.mark.parametrize("rows", [1, 2, 7, 8, 9, 17, 64, 100])
+@pytest.mark.parametrize("n,k", [(50, 96), (16, 320)])
+def test_vnni_gemm_is_the_integer_reference(n, k, rows, bias):
+    """Every block's integer dot exact (the +128 offset taken back out): within float32 summation
+    order of `gemv_a8_reference`."""
+    g = torch.Generator().manual_seed(rows * n)
+    q, scales = ql.quantize(torch.randn(n, k, generator=g), "int8_wo", 0)
+    x, b = torch.randn(rows, k, generator=g) * 3, (torch.randn(n, generator=g) if bias else None)
+    with torch.inference_mode():
+        got = ql.gemm_int8_vnni(x, *ql.pack_int8_vnni(q), scales, b, n)
+    ref, magnitude = ql.gemv_a8_reference(x, q, scales, b, "int8_wo", 0)
+    assert ((got.double() - ref).abs() <= 64 * 2.0 ** -24 * magnitude + 1e-30).all()
+
+
+@needs_vnni
+def test_int8_layers_pack_for_vnni_at_load():
+    from trtforge.models.quantized_layers import QuantLinear
+
+    layer = QuantLinear(64, 40, True, "int8_wo", 0)
+    q, scales = ql.quantize(torch.randn(40, 64, generator=torch.Generator().manual_seed(3)), "int8_wo", 0)
+    with torch.no_grad():
+        layer.qweight.copy_(q), layer.scales.copy_(scales), layer.bias.copy_(torch.arange(40.0))
+    x = torch.randn(5, 64, generator=torch.Generator().manual_seed(4))
+    with torch.inference_mode():
+        before = layer(x)
+        layer.pack_weights()
+        assert layer.vnni is not None
+        after = layer(x)
+    torch.testing.assert_close(after, before, atol=1e-4, rtol=1e-5)  # the AVX2 int8 kernel, same integer dots
