@@ -16,9 +16,11 @@ Intel Xeon (AVX-512; one core's FMA peak 156 GFLOP/s), one thread, [64 x 4864] x
 ~60 GFLOP/s and oneDNN at ~55; whole decode steps before and after: docs/benchmarks.md
 ("Batched decode"), from scripts/profile_decode.py.
 
-Packing copies the weights once (anonymous memory, on transparent huge pages where the OS allows,
-instead of the page cache's mapping of the engine file; ~0.4 s per GB on 2 cores). A tied LM head packs the embedding table and the
-embeddings are then looked up from the packed copy (`PackedEmbedding`), so no table is held twice.
+Packing copies the weights once, into anonymous memory instead of the page cache's mapping of the
+engine file: ~0.8 s per GB on 2 shared cores, mostly the first touch of the new pages (advising
+them to transparent huge pages measured slower there: 2.3 vs 1.6 s for a 2 GB model). A tied LM head
+packs the embedding table and the embeddings are then looked up from the packed copy
+(`PackedEmbedding`), so no table is held twice.
 
 Which layers use it: the kernels registry (plugins/kernels.py) chooses "cpu" linears for float32
 on CPU where this torch has oneDNN's linear (`onednn_available`), unless `TRTFORGE_CPU_ONEDNN=0`
@@ -32,7 +34,6 @@ weight. All give the same results up to float32 summation order.
 from __future__ import annotations
 
 import ctypes
-import mmap
 from pathlib import Path
 
 import torch
@@ -97,18 +98,6 @@ def unpack(packed: torch.Tensor, out_features: int) -> torch.Tensor:
     return packed.transpose(1, 2).reshape(panels * PANEL, k)[:out_features].contiguous()
 
 
-def _empty(shape: tuple[int, ...]) -> torch.Tensor:
-    """An uninitialised float32 tensor; from 2 MiB on in anonymous memory advised to transparent
-    huge pages where the OS has them (512x fewer page faults while packing: 0.70 -> 0.39 s per GB
-    measured on 2 cores, and fewer TLB misses while the GEMM streams it)."""
-    nbytes = 4 * shape[0] * shape[1] * shape[2]
-    if nbytes < 2 << 20 or not hasattr(mmap, "MADV_HUGEPAGE"):
-        return torch.empty(shape)
-    buffer = mmap.mmap(-1, nbytes, flags=mmap.MAP_PRIVATE | mmap.MAP_ANONYMOUS)
-    buffer.madvise(mmap.MADV_HUGEPAGE)
-    return torch.frombuffer(buffer, dtype=torch.float32).view(shape)  # the tensor keeps the mapping
-
-
 def pack(weight: torch.Tensor, lib: ctypes.CDLL | None = None) -> torch.Tensor:
     """W [N, K] float32 in the packed layout, by the C kernel of `lib` (default this process's)."""
     lib = lib or library()
@@ -116,7 +105,7 @@ def pack(weight: torch.Tensor, lib: ctypes.CDLL | None = None) -> torch.Tensor:
     if lib is None or weight.dtype != torch.float32 or weight.device.type != "cpu":
         return pack_reference(weight)
     weight = weight.contiguous()
-    out = _empty(packed_shape(n, k))
+    out = torch.empty(packed_shape(n, k))
     lib.trtforge_pack_linear(weight.data_ptr(), n, k, out.data_ptr(), torch.get_num_threads())
     return out
 
