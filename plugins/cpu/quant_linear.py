@@ -226,6 +226,12 @@ def pack_int8_vnni_reference(qweight: torch.Tensor) -> tuple[torch.Tensor, torch
     return q.permute(0, 2, 1, 3).contiguous(), wsum.permute(0, 2, 1).contiguous()
 
 
+def unpack_int8_vnni(packed: torch.Tensor, out_features: int) -> torch.Tensor:
+    """The row-major int8 W [N, K] of a VNNI-packed weight (a copy)."""
+    panels, quads, _, _ = packed.shape
+    return packed.permute(0, 2, 1, 3).reshape(panels * 16, quads * 4)[:out_features].contiguous()
+
+
 def pack_int8_vnni(qweight: torch.Tensor, lib: ctypes.CDLL | None = None) -> tuple[torch.Tensor, torch.Tensor]:
     """`pack_int8_vnni_reference`'s layout, by the C kernel (needs `vnni_available`)."""
     lib = lib or library()
@@ -270,6 +276,6 @@ def dequantize_into(out: torch.Tensor, qweight: torch.Tensor, scales: torch.Tens
 
 
 __all__ = ["ACT_BLOCK", "GEMV_MAX_ROWS", "QMAX", "SCHEMES", "a8_ok", "dequantize", "dequantize_into", "gemm_int8_vnni",
-           "gemv", "pack_int8_vnni", "pack_int8_vnni_reference", "vnni_available",
+           "gemv", "pack_int8_vnni", "pack_int8_vnni_reference", "unpack_int8_vnni", "vnni_available",
            "gemv_a8_reference", "gemv_function", "kernel_ok", "pack_int4", "quantize", "quantize_activations",
            "unpack_int4"]

@@ -344,6 +344,8 @@ def test_int8_layers_pack_for_vnni_at_load():
     with torch.inference_mode():
         before = layer(x)
         layer.pack_weights()
-        assert layer.vnni is not None
+        assert layer.vnni is not None and layer.qweight is None  # a decoder layer holds the packed copy only
         after = layer(x)
     torch.testing.assert_close(after, before, atol=1e-4, rtol=1e-5)  # the AVX2 int8 kernel, same integer dots
+    assert torch.equal(ql.unpack_int8_vnni(layer.vnni[0], 40), q)
+    torch.testing.assert_close(layer(x), x @ (q.float() * scales[:, None]).T + layer.bias, atol=1e-4, rtol=1e-5)
