@@ -62,8 +62,9 @@ def export_onnx_cmd(engine_dir: str, out_dir: str, dtype: str) -> None:
 @click.option("--atol", type=float, default=1e-4, help="Absolute logits tolerance.")
 @click.option("--rtol", type=float, default=1e-4, help="Tolerance relative to the largest |logit|.")
 def verify_onnx_cmd(out_dir: str, engine_dir: str | None, atol: float, rtol: float) -> None:
-    """Run OUT_DIR/rank0.onnx with ONNX Runtime on a prefill, a decode and a mixed step and
-    compare its logits and KV pools with the torch engine; exit 1 beyond tolerance."""
+    """Run OUT_DIR/rank0.onnx with ONNX Runtime on five steps (a prefill, a decode, a mixed step,
+    a prompt's first chunk that samples no token, and the chunk that finishes it) and compare its
+    logits and KV pools with the torch engine; exit 1 beyond tolerance."""
     from trtforge.builder.tensorrt.onnx_export import check_graph
     from trtforge.builder.tensorrt.onnx_verify import verify
 

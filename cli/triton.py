@@ -44,8 +44,30 @@ def _phase_options(fn):
     return fn
 
 
+def _trtllm_options(fn):
+    """--trtllm-repo, --trtllm-version and --allow-trtllm-drift of `emit-repo`: the fields of
+    TrtllmOptions (model_repo/trtllm/options.py), whose docs are the help text."""
+    from trtforge.config.fields import field_docs
+    from trtforge.model_repo.trtllm.options import REPO_KINDS, TrtllmOptions
+
+    docs = field_docs(TrtllmOptions)
+    fn = click.option("--allow-trtllm-drift/--no-allow-trtllm-drift", "allow_trtllm_drift", default=None,
+                      help=docs["allow_drift"] + " --no-allow-trtllm-drift stops even where the "
+                           "variable is set.")(fn)
+    fn = click.option("--trtllm-version", default=None, metavar="VERSION",
+                      help=docs["version"])(fn)
+    return click.option("--trtllm-repo", type=click.Choice(REPO_KINDS), default=None,
+                        help=f"TensorRT-LLM repository kind: {docs['repo']} With llmapi, ENGINE_DIR is "
+                             f"that checkpoint. [default: {TrtllmOptions.repo}]")(fn)
+
+
+LLMAPI_REFUSED = ("device", "triton_max_batch_size", "exclude_input_in_output")
+"""emit-repo options the llmapi repository has no place for (TensorRT-LLM places the model and
+batches as model.yaml says)."""
+
+
 @click.command("emit-repo")
-@click.argument("engine_dir", type=click.Path(exists=True, file_okay=False))
+@click.argument("engine_dir", type=click.Path(file_okay=False))
 @click.argument("repo_dir", type=click.Path(file_okay=False))
 @click.option("--device", default=RuntimeConfig.device, show_default=True,
               help=RuntimeConfig.field_docs()["device"])
@@ -62,7 +84,8 @@ def _phase_options(fn):
 @click.option("--trtllm-models-dir", type=click.Path(exists=True, file_okay=False), default=None,
               help="--backend trtllm engines: TensorRT-LLM's all_models/inflight_batcher_llm to copy "
                    "the python models' model.py from (default: the NGC image's /app/all_models/"
-                   "inflight_batcher_llm when it exists).")
+                   "inflight_batcher_llm when it exists). --trtllm-repo llmapi reads the LLM-API "
+                   "model's files and template beside it, in all_models/llmapi.")
 @click.option("--disaggregated", is_flag=True,
               help="Separate context (prefill) and generation (decode) models behind the "
                    "ensemble, each with its own --context-… / --generation-… parameters "
@@ -76,6 +99,7 @@ def _phase_options(fn):
               help="--only router: gRPC HOST:PORT of a context server (repeatable).")
 @click.option("--generation-url", "generation_urls", multiple=True,
               help="--only router: gRPC HOST:PORT of a generation server (repeatable).")
+@_trtllm_options
 @dataclass_options(SchedulerConfig, exclude=SchedulerConfig.ENGINE_FIELDS,
                    default_text="the engine's engine.json value, else {default}")
 @_phase_options
@@ -83,17 +107,34 @@ def emit_repo_command(engine_dir: str, repo_dir: str, device: str,
                       triton_max_batch_size: int | None, exclude_input_in_output: bool,
                       kv_cache_memory: str | None, trtllm_models_dir: str | None,
                       disaggregated: bool, only: str | None, context_urls: tuple[str, ...],
-                      generation_urls: tuple[str, ...], **options: object) -> None:
+                      generation_urls: tuple[str, ...], trtllm_repo: str | None,
+                      trtllm_version: str | None, allow_trtllm_drift: bool | None,
+                      **options: object) -> None:
     """Write a Triton model repository (model `ensemble`) serving ENGINE_DIR into REPO_DIR.
 
     Scheduling options given here are written into ensemble/config.pbtxt as parameters; the
     others get the engine's defaults. Edit them there later: the model checks them when loading.
     With --disaggregated, the --context-… and --generation-… options go into context/ and
     generation/config.pbtxt instead.
+
+    With --trtllm-repo llmapi, ENGINE_DIR is a Hugging Face checkpoint (directory or hub id)
+    instead, and REPO_DIR gets TensorRT-LLM's LLM-API model `tensorrt_llm` (docs/tensorrt-llm.md).
     """
+    from trtforge.builder.trtllm.versions import TrtllmDrift
     from trtforge.model_repo.disaggregated import DisaggregatedOptions  # keeps `trtforge --help` fast
     from trtforge.model_repo.emit import emit_repo
+    from trtforge.model_repo.trtllm.options import TrtllmOptions
+    from trtforge.models.errors import BuildError
 
+    llmapi = trtllm_repo == "llmapi"
+    if not llmapi and not Path(engine_dir).is_dir():  # a hub id is a checkpoint for llmapi only
+        raise click.BadParameter(f"Directory {engine_dir!r} does not exist.", param_hint="'ENGINE_DIR'")
+    ctx = click.get_current_context()
+    refused = [n for n in LLMAPI_REFUSED if ctx.get_parameter_source(n) == click.core.ParameterSource.COMMANDLINE]
+    if llmapi and refused:
+        raise click.UsageError(", ".join("--" + n.replace("_", "-") for n in refused) + ": not options of "
+                               "the llmapi repository (TensorRT-LLM places the model, and batches as "
+                               "model.yaml's triton_config says)")
     phase_opts = {k: v for k, v in options.items() if "__" in k}
     scheduler = {k: v for k, v in options.items() if "__" not in k and v is not None}
     try:
@@ -106,11 +147,16 @@ def emit_repo_command(engine_dir: str, repo_dir: str, device: str,
                          triton_max_batch_size=triton_max_batch_size,
                          exclude_input_in_output=exclude_input_in_output,
                          kv_cache_memory=kv_cache_memory,
-                         trtllm_models_dir=trtllm_models_dir, disaggregated=layout, **scheduler)
-    except (ValueError, FileNotFoundError, EngineLoadError) as exc:
+                         trtllm_models_dir=TrtllmOptions(trtllm_models_dir, trtllm_repo or TrtllmOptions.repo,
+                                                         trtllm_version, allow_trtllm_drift),
+                         disaggregated=layout, **scheduler)
+    except TrtllmDrift as exc:
+        raise click.ClickException(f"{exc}\nOn the command line: --allow-trtllm-drift.") from None
+    except (ValueError, FileNotFoundError, EngineLoadError, BuildError) as exc:
         raise click.ClickException(str(exc)) from None
     written = {Phase.CONTEXT: "`context`", Phase.GENERATION: "`generation`", ROUTER: "`ensemble` (router)"}
-    models = (written[only] if only else "`ensemble`, `context`, `generation`" if phases else "`ensemble`")
+    models = ("`tensorrt_llm`" if llmapi else written[only] if only
+              else "`ensemble`, `context`, `generation`" if phases else "`ensemble`")
     click.echo(f"Wrote Triton model repository {repo} (models {models}). "
                f"Serve it with: trtforge serve {repo}")
 

@@ -8,9 +8,16 @@
 # made importable through a temporary PYTHONPATH shim (trtforge/<stage> ->
 # the repo's top-level dirs), which is what the pyproject package-dir mapping does when installed.
 # --dry-run runs every step on CPU with tiny shapes (Triton interpreter): checks the script itself.
-# Each step has a timeout (the sum stays under 8 minutes, 11 where TensorRT-LLM is installed); one
-# step failing leaves the others' results. Environment: PYTHON (default python3), TIMEOUT_SCALE
-# (multiplies every timeout).
+# Each step has a timeout; one step failing leaves the others' results. Where neither TensorRT
+# nor TensorRT-LLM is installed (the H200 of docs/gpu.md), the timeouts of the steps that run sum
+# to 8 minutes (480 s; the tensorrt and trtllm steps say "skipped" in a second); where TensorRT
+# is, to 10.5 (tensorrt: 150 s); in the TensorRT-LLM image, which has TensorRT too, to 13.5
+# (trtllm: 180 s). One device command gets at most 10 minutes, so there split the run in two:
+#   ONLY_STEPS="tensorrt trtllm" scripts/device_check.sh OUT_A                       (350 s)
+#   ONLY_STEPS="kernel_tests parity_tests parity_script decode_bandwidth e2e_throughput" \
+#       scripts/device_check.sh OUT_B                                                (480 s)
+# Environment: PYTHON (default python3), TIMEOUT_SCALE (multiplies every timeout), ONLY_STEPS
+# (steps to run, space- or comma-separated; environment always runs, the others are SKIPPED).
 set -u -o pipefail
 
 DRY_RUN=0
@@ -51,6 +58,11 @@ run_step() {
     local name="$1" limit="$2"
     shift 2
     local log="$OUT/$name.log" start rc status
+    if [[ -n "${ONLY_STEPS:-}" && "$name" != environment && " ${ONLY_STEPS//,/ } " != *" $name "* ]]; then
+        printf '%s\t%s\t%s\t%s\n' "$name" SKIPPED 0 "-" >> "$STEPS"
+        echo "== $name: not in ONLY_STEPS, skipped"
+        return 0
+    fi
     limit="$(awk -v t="$limit" -v s="$SCALE" 'BEGIN { printf "%d", t * s }')"
     echo "== $name (timeout ${limit}s)"
     start="$(date +%s)"
@@ -110,9 +122,21 @@ trtllm_tests() {
         --junitxml "$OUT/trtllm_tests.xml"
 }
 
+# --backend tensorrt: build TensorRT plans and run them against the torch engine, a lone prompt
+# longer than prefill_chunk_size (a step that samples no token) included; elsewhere the step says
+# it was skipped and why.
+tensorrt_tests() {
+    if ! "$PY" -c "import tensorrt" > /dev/null 2>&1; then
+        echo "skipped: no TensorRT"
+        return 0
+    fi
+    "$PY" -m pytest -q -rs -p no:cacheprovider tests/builder/tensorrt/test_tensorrt_backend.py \
+        tests/builder/tensorrt/test_zero_row_step.py --junitxml "$OUT/tensorrt_tests.xml"
+}
+
 # `timeout` runs programs, not shell functions: export them (and what they read) to a child bash.
 export OUT PY
-export -f environment kernel_tests parity_tests trtllm_tests
+export -f environment kernel_tests parity_tests tensorrt_tests trtllm_tests
 run_step environment 20 bash -c environment
 run_step kernel_tests 110 bash -c kernel_tests
 run_step parity_tests 70 bash -c parity_tests
@@ -122,6 +146,7 @@ run_step decode_bandwidth 80 "$PY" scripts/gpu/bench_decode_attention.py --out "
     "${BENCH_FLAG[@]}"
 run_step e2e_throughput 140 "$PY" scripts/gpu/bench_e2e_decode.py --out "$OUT" \
     --work "$WORK/e2e" "${BENCH_FLAG[@]}"
+run_step tensorrt 150 bash -c tensorrt_tests
 run_step trtllm 180 bash -c trtllm_tests
 
 if ! "$PY" "$REPO/scripts/gpu/summarize.py" "$OUT" > "$OUT/summary.txt" 2> "$OUT/summarize.log"; then

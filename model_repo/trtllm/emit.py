@@ -191,7 +191,8 @@ def check_templates(diffs: list[str], release: TrtllmRelease, allow_drift: bool 
         raise TrtllmDrift(f"the image's TensorRT-LLM templates differ from the recorded interface of "
                           f"TensorRT-LLM {release.tensorrt_llm} ({release.backend_source} "
                           f"{release.backend_release}); clients and parameters would not match:\n  "
-                          f"{text}\nWrite the repository for the image's release (TrtllmOptions.version), or "
+                          f"{text}\nWrite the repository for the image's release (emit-repo --trtllm-version; "
+                          f"Python: TrtllmOptions.version), or "
                           f"{override_hint()}.")
     log.warning("going on although the image's templates differ from the record of TensorRT-LLM "
                 "%s:\n  %s", release.tensorrt_llm, text)

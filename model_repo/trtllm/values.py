@@ -10,7 +10,6 @@ backend's own default written out, or "" where the reader takes "" as "not set"
 
 from __future__ import annotations
 
-import os
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -19,27 +18,8 @@ from trtforge.builder.trtllm.versions import TrtllmRelease
 from trtforge.config.fields import parse_bytes
 from trtforge.model_repo.params import to_parameter
 from trtforge.model_repo.trtllm import upstream as U
+from trtforge.model_repo.trtllm.options import REPO_KINDS as REPO_KINDS, TrtllmOptions as TrtllmOptions
 from trtforge.models.engine_dir import EngineConfig
-
-REPO_KINDS = ("inflight_batcher_llm", "llmapi")
-
-
-@dataclass(frozen=True)
-class TrtllmOptions:
-    """Which TensorRT-LLM repository is written, for which release, from which image files."""
-
-    models_dir: str | os.PathLike | None = None
-    """The image's all_models/inflight_batcher_llm (python model files, templates to compare)."""
-    repo: str = "inflight_batcher_llm"
-    """inflight_batcher_llm (a --backend trtllm engine) or llmapi (a Hugging Face checkpoint)."""
-    version: str | None = None
-    """The recorded release to write for (default: the installed TensorRT-LLM's, else the engine's)."""
-    allow_drift: bool | None = None
-    """Go on past version or template differences (default: $TRTFORGE_TRTLLM_ALLOW_DRIFT)."""
-
-    def __post_init__(self):
-        if self.repo not in REPO_KINDS:
-            raise ValueError(f"trtllm repository {self.repo!r}: choose one of {', '.join(REPO_KINDS)}")
 
 
 @dataclass(frozen=True)
