@@ -37,6 +37,9 @@ word and its leading space are at most 516 byte-level tokens)."""
 MAX_LOGPROBS = 20
 """Most alternatives `logprobs` may ask for per token (vLLM's default max_logprobs, OpenAI's
 top_logprobs limit)."""
+MAX_CACHE_SALT_CHARS = 512
+"""Longest `cache_salt`, in characters: room for a tenant's salt and a client's own (it is hashed
+once per request, into the prefix cache's root key)."""
 
 
 class _Encoder(Protocol):
@@ -120,6 +123,12 @@ class SamplingParams:
 
     skip_special_tokens: bool = True
     """Leave special tokens (EOS, padding, chat markers) out of the output text."""
+
+    cache_salt: str | None = None
+    """Prefix-cache namespace (vLLM's field): a request reuses cached prompt blocks only of
+    requests with the same salt, so requests with different salts never share a block (nor learn
+    from time-to-first-token that the other sent a prefix). None: the namespace of unsalted
+    requests. A non-empty string of at most 512 characters."""
 
     @property
     def is_greedy(self) -> bool:
@@ -254,4 +263,6 @@ _RULES = [
     ("ignore_eos", lambda v, p: _is_bool(v), "True or False"),
     ("include_stop_str_in_output", lambda v, p: _is_bool(v), "True or False"),
     ("skip_special_tokens", lambda v, p: _is_bool(v), "True or False"),
+    ("cache_salt", lambda v, p: v is None or (isinstance(v, str) and 0 < len(v) <= MAX_CACHE_SALT_CHARS),
+     f"None or a non-empty string of at most {MAX_CACHE_SALT_CHARS} characters"),
 ]

@@ -24,7 +24,7 @@ from fastapi import Request, Response
 
 from trtforge.frontend.errors import INTERNAL_ERROR, REQUEST_ID, APIError, bad_request, log, model_not_found
 from trtforge.frontend.generation import Tally, chat_logprobs, completion_logprobs, ensemble_inputs
-from trtforge.frontend.guard import Limits
+from trtforge.frontend.guard import TENANT_SALT, Limits, request_cache_salt
 from trtforge.frontend.responses import (
     ChatChoice,
     ChatChunkChoice,
@@ -74,9 +74,10 @@ async def _call(request: Request, body: SamplingFields, prompt: str, max_tokens:
                 prefix: str) -> Call:
     served: ServedModel = request.app.state.served
     bridge: TritonBridge = request.app.state.bridge
+    salt = request_cache_salt(request.scope.get(TENANT_SALT), body.cache_salt)
     return Call(id=f"{prefix}-{uuid.uuid4().hex}", created=int(time.time()), model=served.name,
                 tally=Tally(served, prompt, max_tokens),
-                pieces=bridge.generate(ensemble_inputs(body, prompt, max_tokens)))
+                pieces=bridge.generate(ensemble_inputs(body, prompt, max_tokens, salt)))
 
 
 def _check_model(request: Request, model: str) -> ServedModel:

@@ -39,9 +39,11 @@ def csv_field(word: str) -> str:
     return buffer.getvalue()
 
 
-def ensemble_inputs(req: SamplingFields, prompt: str, max_tokens: int) -> dict[str, np.ndarray]:
+def ensemble_inputs(req: SamplingFields, prompt: str, max_tokens: int,
+                    cache_salt: str | None = None) -> dict[str, np.ndarray]:
     """The ensemble's input arrays for one request: streamed, with per-token log-probabilities
-    (they count the completion tokens and carry `logprobs` when asked)."""
+    (they count the completion tokens and carry `logprobs` when asked). `cache_salt`: the
+    request's prefix-cache salt as the guard resolved it (guard.request_cache_salt)."""
     top_p = req.top_p
     if top_p == 0.0:
         top_p = TOP_P_MOST_LIKELY
@@ -51,7 +53,7 @@ def ensemble_inputs(req: SamplingFields, prompt: str, max_tokens: int) -> dict[s
         temperature=OPENAI_TEMPERATURE if req.temperature is None else req.temperature,
         top_p=top_p, top_k=req.top_k, seed=req.seed, presence_penalty=req.presence_penalty,
         frequency_penalty=req.frequency_penalty, stop_words=stops or None,
-        min_tokens=max_tokens if req.ignore_eos else req.min_tokens)
+        min_tokens=max_tokens if req.ignore_eos else req.min_tokens, cache_salt=cache_salt)
 
 
 @dataclass

@@ -5,8 +5,9 @@ for unexpected exceptions (a generic 500; what was raised goes to the log).
 in another task and hide the client's disconnect from the endpoints). For each HTTP request it
 
 1. sets the request id (errors.REQUEST_ID; the `X-Request-Id` header of the answer),
-2. with an API key, answers 401 unless `Authorization: Bearer KEY` is sent (every path but
-   /health: liveness probes carry no key), before the body is parsed or kept,
+2. with API keys, answers 401 unless `Authorization: Bearer KEY` is sent with one of them (every
+   path but /health: liveness probes carry no key), before the body is parsed or kept; with
+   `api_key_cache_salt`, records the key's prefix-cache salt in the scope (TENANT_SALT),
 3. reads the body, keeping at most `max_request_bytes` of it, answering 413 beyond it, then
    hands the body to the app (JSON is parsed only after this),
 4. answers an exception the app did not handle with a generic 500 naming the request id.
@@ -21,6 +22,7 @@ from __future__ import annotations
 
 import hashlib
 import hmac
+import secrets
 from dataclasses import dataclass, replace
 from typing import Any, Awaitable, Callable
 
@@ -49,6 +51,8 @@ BODY_BYTES_PER_PROMPT_CHAR = 6
 MIN_REQUEST_BYTES = 1 << 20
 TOKENIZER_THREADS = 4
 """Threads that run chat templates and token counts, off the event loop."""
+TENANT_SALT = "trtforge.tenant_cache_salt"
+"""Scope key: the prefix-cache salt of the request's API key (with api_key_cache_salt)."""
 
 
 @dataclass(frozen=True)
@@ -57,6 +61,13 @@ class Limits:
 
     api_key: str | None = None
     """Required as `Authorization: Bearer KEY` on every route but /health; None: open."""
+    api_keys: tuple[str, ...] = ()
+    """More keys accepted beside `api_key` (one per tenant, say), each checked like it."""
+    api_key_cache_salt: bool = False
+    """Give every API key its own prefix-cache namespace: requests made with different keys never
+    share cached prompt blocks, so no key's holder can tell from time-to-first-token (or the
+    prefix-cache counters) whether another key's holder sent a prefix. A request's own
+    `cache_salt` then divides its key's namespace further; it cannot leave it. Needs a key."""
     max_request_bytes: int | None = None
     """Largest request body read (413 beyond). None: BODY_BYTES_PER_PROMPT_CHAR per prompt
     character, at least MIN_REQUEST_BYTES."""
@@ -72,6 +83,16 @@ class Limits:
                 raise ValueError(f"{name} must be at least 1, not {value}")
         if self.api_key is not None and not self.api_key.strip():
             raise ValueError("the API key is empty")
+        if not isinstance(self.api_keys, tuple) or not all(
+                isinstance(k, str) and k.strip() for k in self.api_keys):
+            raise ValueError("api_keys must be a tuple of non-empty keys")
+        if self.api_key_cache_salt and not self.keys():
+            raise ValueError("api_key_cache_salt gives each API key its own prefix-cache salt: "
+                             "give the server API keys too")
+
+    def keys(self) -> tuple[str, ...]:
+        """Every key accepted (none: the API is open)."""
+        return ((self.api_key,) if self.api_key else ()) + self.api_keys
 
     def resolved(self, max_seq_len: int) -> "Limits":
         """These limits with the defaults filled in for an engine of `max_seq_len`."""
@@ -85,6 +106,14 @@ def _digest(secret: bytes) -> bytes:
     return hashlib.sha256(secret).digest()
 
 
+def request_cache_salt(tenant: str | None, own: str | None) -> str | None:
+    """The salt a request is sent with: its own `cache_salt`, under its API key's salt when keys
+    are salted (the key's salt has a fixed length, so no client salt reaches another key's)."""
+    if tenant is None:
+        return own
+    return tenant if own is None else f"{tenant}:{own}"
+
+
 class _ClientLeft(Exception):
     pass
 
@@ -96,7 +125,10 @@ class Guard:
         assert limits.max_request_bytes is not None
         self.app = app
         self.max_bytes = limits.max_request_bytes
-        self._key = _digest(limits.api_key.encode("utf-8")) if limits.api_key else None
+        self._keys = [_digest(key.encode("utf-8")) for key in limits.keys()]
+        # A key's salt: an HMAC of its digest under a secret of this process, so the salt that
+        # travels to Triton (and may be logged there) tells nothing about the key.
+        self._salt_secret = secrets.token_bytes(32) if limits.api_key_cache_salt else None
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] != "http":  # lifespan
@@ -136,11 +168,17 @@ class Guard:
     def _refusal(self, scope: Scope) -> APIError | None:
         """401 or 413 from the headers alone, before reading the body."""
         headers = dict(scope["headers"])  # lower-case names; the last of repeated ones wins
-        if self._key is not None and scope["path"] not in OPEN_PATHS:
+        if self._keys and scope["path"] not in OPEN_PATHS:
             scheme, _, token = headers.get(b"authorization", b"").partition(b" ")
-            if scheme.lower() != b"bearer" or not hmac.compare_digest(
-                    _digest(token.strip()), self._key):
+            given, matched = _digest(token.strip()), None
+            for key in self._keys:  # every key compared, so the time does not tell which matched
+                if hmac.compare_digest(given, key):
+                    matched = key
+            if scheme.lower() != b"bearer" or matched is None:
                 return unauthorized()
+            if self._salt_secret is not None:
+                salt = hmac.new(self._salt_secret, matched, hashlib.sha256).hexdigest()[:32]
+                scope[TENANT_SALT] = f"key-{salt}"
         if _declared_length(scope) > self.max_bytes:
             return body_too_large(self.max_bytes)
         return None

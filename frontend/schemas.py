@@ -16,6 +16,9 @@ from pydantic import AfterValidator, BaseModel, ConfigDict, Field, field_validat
 INT32_MAX = (1 << 31) - 1
 UINT64_MAX = (1 << 64) - 1
 MAX_STOP_STRINGS = 16
+MAX_CACHE_SALT_CHARS = 256
+"""Longest `cache_salt` a client may send (the engine's bound, 512, leaves room for an API key's
+salt in front of it)."""
 
 
 def _utf8(text: str) -> str:
@@ -31,6 +34,7 @@ Text = Annotated[str, AfterValidator(_utf8)]
 """A string that can be sent to Triton (UTF-8 encodable)."""
 
 StopString = Annotated[str, Field(min_length=1), AfterValidator(_utf8)]
+CacheSalt = Annotated[str, Field(min_length=1, max_length=MAX_CACHE_SALT_CHARS), AfterValidator(_utf8)]
 PromptText = Annotated[str, Field(min_length=1), AfterValidator(_utf8)]
 """A completions prompt: the engine needs at least one token."""
 
@@ -84,6 +88,9 @@ class SamplingFields(BaseModel):
     logit_bias: dict[str, float] | None = Field(None, description="Not supported (must be empty).",
                                                 json_schema_extra={"maxProperties": 0})
     user: str | None = None
+    cache_salt: CacheSalt | None = Field(None, description=(
+        "Extension (as vLLM): the request's prefix-cache namespace; requests with different "
+        f"salts never share cached prompt blocks. 1 to {MAX_CACHE_SALT_CHARS} characters."))
 
     @field_validator("n")
     @classmethod

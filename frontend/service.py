@@ -73,13 +73,14 @@ class OpenAIFrontend:
         """Where it listens (as bound), whether it needs a key, and a curl line to try."""
         host, port = self.server.addresses()[0] if self.server else (self.host, self.port)
         name = self.served.name if self.served else self.name
-        keyed = self.limits.api_key is not None
+        keyed = bool(self.limits.keys())
         # The first line's shape is read by scripts (bench_openai.sh, quickstart.sh, the e2e tests).
         lines = [f"OpenAI-compatible API: http://{_url_host(host)}:{port}/v1  model {name!r}"]
         where = ("this machine only (loopback)" if is_loopback(host) else
                  f"{'all interfaces' if host in ('0.0.0.0', '::') else host}: other machines too")
         lines.append(f"  listening on {where}; "
-                     + ("API key required" if keyed else "no API key"))
+                     + ("API key required" if keyed else "no API key")
+                     + ("; each key its own prefix cache" if self.limits.api_key_cache_salt else ""))
         if not keyed and not is_loopback(host):
             lines.append(f"  WARNING: without --api-key anyone who can reach port {port} can use "
                          "the model")

@@ -55,6 +55,7 @@ INPUTS: tuple[TensorSpec, ...] = (
     _opt("return_generation_logits", "TYPE_BOOL"),
     _opt("stream", "TYPE_BOOL"),
     _opt("timeout_s", "TYPE_FP32"),
+    _opt("cache_salt", "TYPE_STRING"),
 )
 
 OUTPUTS: tuple[TensorSpec, ...] = (

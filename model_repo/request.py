@@ -11,6 +11,9 @@ docs/serving.md:
 * `top_p == 0` means "no nucleus filter", as in TensorRT-LLM (our SamplingParams spells it 1.0).
 * `timeout_s` (a trtforge input): seconds until the engine aborts the request; 0 means no
   deadline, like Triton's own request timeout.
+* `cache_salt` (a trtforge input, vLLM's field): the request's prefix-cache namespace; requests
+  with different salts never share cached prompt blocks. A non-empty UTF-8 string of at most 512
+  characters (SamplingParams.cache_salt).
 * `pad_id` and `length_penalty` are accepted and have no effect (packed batches have no padding;
   there is no beam search); `pad_id` must still be a token id >= 0. `beam_width` /
   `num_return_sequences` other than 1 and `return_context_logits` / `return_generation_logits`
@@ -147,6 +150,9 @@ def parse_request(inputs: Mapping[str, np.ndarray], exclude_input_default: bool 
     _token_id(inputs, "pad_id")  # checked, unused
     kwargs["stop"] = parse_words(inputs.get("stop_words"), "stop_words")
     kwargs["bad_words"] = parse_words(inputs.get("bad_words"), "bad_words")
+    cache_salt = _scalar(inputs, "cache_salt")
+    if cache_salt is not None:
+        kwargs["cache_salt"] = _text(cache_salt, "cache_salt")
     return_log_probs = bool(_scalar(inputs, "return_log_probs") or False)
     if return_log_probs:
         kwargs["logprobs"] = 0

@@ -244,7 +244,8 @@ class LLMEngine:
         # The scheduler's Sequence gets its own copies: nothing it holds is shared.
         seq = Sequence(seq_id=rid, prompt_token_ids=list(ids), max_tokens=max_tokens,
                        output_token_ids=list(state.output_token_ids), arrival_time=arrival,
-                       num_external_tokens=len(ids) if handoff is not None else 0)
+                       num_external_tokens=len(ids) if handoff is not None else 0,
+                       cache_salt=params.cache_salt)
         try:
             self.scheduler.add(seq)  # validates length and KV need, bounds the waiting queue
         except EngineOverloaded:

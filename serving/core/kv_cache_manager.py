@@ -11,6 +11,11 @@ the sequence is always recomputed — the engine needs its logits — so at most
 computed (`cache_full_blocks`, called after each step), and a freed cached block stays in the free
 queue where a later hit can revive it until it is reused.
 
+A request's `cache_salt` (Sequence.cache_salt, vLLM's field) is folded into the root key its chain
+starts from (`root_key`), so sequences with different salts compute different keys for the same
+tokens and never share a block: a tenant cannot tell from time-to-first-token whether another
+tenant sent a prefix. Unsalted sequences share ROOT_KEY.
+
 KV handed over from another engine (a sequence admitted with num_external_tokens) never enters
 the prefix cache, nor do the blocks after it: its tokens were not computed here, and a handoff
 names its token ids itself, so caching it would serve one request's claim to another.
@@ -27,7 +32,16 @@ from trtforge.serving.core.block_pool import BlockPool
 from trtforge.serving.core.sequence import SeqId, Sequence
 
 ROOT_KEY = hashlib.sha256(b"trtforge prefix cache v1").digest()
-"""The parent key of a sequence's first block."""
+"""The parent key of an unsalted sequence's first block."""
+_SALTED = b"trtforge prefix cache v1\0salt\0"
+
+
+def root_key(cache_salt: str | None) -> bytes:
+    """The parent key of a first block: ROOT_KEY without a salt, else a digest of the salt (any
+    str, lone surrogates included, hashes: the salt's length is bounded at admission)."""
+    if cache_salt is None:
+        return ROOT_KEY
+    return hashlib.sha256(_SALTED + cache_salt.encode("utf-8", "surrogatepass")).digest()
 
 
 class KVCacheInvariantError(RuntimeError):
@@ -52,10 +66,15 @@ class _Chain:
 
     num_blocks: int = 0
     key: bytes = ROOT_KEY
-    """The key of its last full block (ROOT_KEY before the first)."""
+    """The key of its last full block (before the first: its root key, `root_key(salt)`)."""
     content_id: int | None = 0
     """The content id standing for its last full block's KV (0 before the first); None once a
     block could not be cached (a key collision): the blocks after it stay uncached."""
+
+
+def _root_chain(seq: Sequence) -> _Chain:
+    """A chain before `seq`'s first block: it starts from the root key of its salt."""
+    return _Chain(key=root_key(seq.cache_salt))
 
 
 @dataclass
@@ -131,7 +150,7 @@ class KVCacheManager:
     # ---- admission ------------------------------------------------------------------------
     def find_prefix(self, seq: Sequence) -> PrefixHit:
         """Cached blocks matching the start of `seq` (which must hold no blocks). No state change."""
-        hit = PrefixHit(block_size=self.block_size)
+        hit = PrefixHit(block_size=self.block_size, chain=_root_chain(seq))
         if not self.enable_prefix_caching:
             return hit
         tokens, bs, chain = seq.all_token_ids, self.block_size, hit.chain
@@ -177,14 +196,17 @@ class KVCacheManager:
             return False
         seq.block_table.extend(self.pool.allocate(need))
         self._holders.setdefault(seq.seq_id, seq)
-        self._chains.setdefault(seq.seq_id, _Chain())
+        if seq.seq_id not in self._chains:
+            self._chains[seq.seq_id] = _root_chain(seq)
         return True
 
     def cache_full_blocks(self, seq: Sequence) -> None:
         """Register `seq`'s blocks that became full of computed tokens since the last call."""
         if not self.enable_prefix_caching:
             return
-        chain = self._chains.setdefault(seq.seq_id, _Chain())
+        chain = self._chains.get(seq.seq_id)
+        if chain is None:
+            chain = self._chains[seq.seq_id] = _root_chain(seq)
         num_full = seq.num_computed_tokens // self.block_size
         if num_full <= chain.num_blocks or chain.content_id is None:
             return

@@ -73,6 +73,9 @@ class Sequence:
     num_external_tokens: int = 0
     """Leading tokens whose K/V arrive from outside at admission (a KV handoff from a context
     engine) instead of being computed; 0 once admitted (a preempted sequence recomputes)."""
+    cache_salt: str | None = None
+    """Its prefix-cache namespace (SamplingParams.cache_salt): folded into the root key of its
+    block chain, so it shares cached blocks only with sequences of the same salt."""
 
     @property
     def all_token_ids(self) -> list[int]:

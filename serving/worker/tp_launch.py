@@ -3,7 +3,7 @@
 Three ways, read from torchrun's environment variables:
 
     nothing set            one host: this process is rank 0 and starts ranks 1..tp-1 itself
-                           (MASTER_ADDR 127.0.0.1, a free port)
+                           (MASTER_ADDR 127.0.0.1, a port the system picks)
     NNODES, NODE_RANK      several hosts, tp/NNODES ranks each: the first process on each host starts
     (+ MASTER_ADDR/PORT)   its host's other ranks; host 0 runs `trtforge generate` (or bench, or the
                            Triton model), the others `trtforge tp-worker ENGINE_DIR`
@@ -14,6 +14,13 @@ Rank 0 hosts the rendezvous (a TCPStore at MASTER_ADDR:MASTER_PORT); every rank 
 `ready/<rank>` there before joining the process group, so rank 0 can wait while watching the
 ranks it started: one that dies at start-up is reported with its exit code and log, not waited
 for until the timeout.
+
+What listens where: rank 0's store listens on MASTER_ADDR only (torch's own TCPStore would take
+every interface), so a one-host launch (127.0.0.1) is reachable from this machine only; with
+every rank on this host gloo's own connections (and NCCL's bootstrap) are bound to the loopback
+interface too (GLOO_SOCKET_IFNAME / NCCL_SOCKET_IFNAME, unless set). Whoever can reach them
+still has to prove the group's key before anything is sent to it (tp_auth.py); the ranks this
+process starts get the key in their environment.
 """
 
 from __future__ import annotations
@@ -32,6 +39,7 @@ from typing import Mapping
 
 import torch.distributed as dist
 
+from trtforge.serving.worker.tp_auth import KEY_ENV, KEY_FILE_ENV, is_loopback
 from trtforge.serving.worker.tp_comm import TIMEOUT_ENV, timeout_s
 
 THREADS_ENV = "TRTFORGE_TP_THREADS"
@@ -62,6 +70,11 @@ class Launch:
         """Ranks on this host that this process knows of (itself and those it starts): for the threads."""
         return 1 + len(self.spawn)
 
+    @property
+    def spawns_all(self) -> bool:
+        """This process is rank 0 and starts every other rank itself."""
+        return self.rank == 0 and len(self.spawn) == self.world_size - 1
+
 
 def launch_from_env(tp_size: int, env: Mapping[str, str] | None = None) -> Launch:
     env = os.environ if env is None else env
@@ -84,7 +97,7 @@ def launch_from_env(tp_size: int, env: Mapping[str, str] | None = None) -> Launc
         per = tp_size // nodes
         first = node * per
         return Launch(world, first, 0, list(range(first + 1, first + per)), addr, _port(env, required=True))
-    return Launch(world, 0, 0, list(range(1, tp_size)), addr, _port(env, required=False) or free_port())
+    return Launch(world, 0, 0, list(range(1, tp_size)), addr, _port(env, required=False))
 
 
 def _port(env: Mapping[str, str], required: bool) -> int:
@@ -100,6 +113,37 @@ def free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         return s.getsockname()[1]
+
+
+def loopback_interface() -> str | None:
+    """The loopback interface's name ("lo" on Linux, "lo0" on macOS), None if neither exists."""
+    names = {name for _, name in socket.if_nameindex()} if hasattr(socket, "if_nameindex") else set()
+    return next((n for n in ("lo", "lo0") if n in names), None)
+
+
+def bind_transport(launch: Launch) -> None:
+    """With every rank on this host (a loopback MASTER_ADDR), gloo and NCCL's bootstrap listen on
+    loopback only: GLOO_SOCKET_IFNAME / NCCL_SOCKET_IFNAME (inherited by the ranks started here),
+    each unless it is set already."""
+    name = loopback_interface() if is_loopback(launch.master_addr) else None
+    for var in ("GLOO_SOCKET_IFNAME", "NCCL_SOCKET_IFNAME"):
+        if name and var not in os.environ:
+            os.environ[var] = name
+
+
+def listen_socket(addr: str, port: int) -> socket.socket:
+    """A socket listening on `addr` (its first address) only; port 0: one the system picks."""
+    family, kind, proto, _, where = socket.getaddrinfo(addr, port, type=socket.SOCK_STREAM)[0]
+    sock = socket.socket(family, kind, proto)
+    try:
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        sock.bind(where)
+        sock.listen(512)
+    except OSError as exc:
+        sock.close()
+        raise LaunchError(f"rank 0 cannot listen on MASTER_ADDR:MASTER_PORT = {addr}:{port}: {exc.strerror} "
+                          "(MASTER_ADDR must be an address of this host; another port if it is taken)") from None
+    return sock
 
 
 def python_executable() -> str:
@@ -136,14 +180,16 @@ class Child:
         return f"rank {self.rank} exited with code {code}" + (f"; its log ({self.log}) ends:\n{tail}" if tail else "")
 
 
-def spawn_ranks(launch: Launch, engine_dir: str, device: str, threads: int | None) -> list[Child]:
-    """Start `launch.spawn` as `python -m trtforge.serving.worker.tp_worker ENGINE_DIR` with RANK set."""
+def spawn_ranks(launch: Launch, engine_dir: str, device: str, threads: int | None, key: bytes) -> list[Child]:
+    """Start `launch.spawn` as `python -m trtforge.serving.worker.tp_worker ENGINE_DIR` with RANK set
+    and the group's `key` in their environment (never on their command line)."""
     children = []
     logs = Path(tempfile.mkdtemp(prefix="trtforge-tp-"))
     for i, rank in enumerate(launch.spawn, start=1):
-        env = {k: v for k, v in os.environ.items() if k not in _LAUNCH_VARS}
+        env = {k: v for k, v in os.environ.items() if k not in _LAUNCH_VARS and k != KEY_FILE_ENV}
         env.update(RANK=str(rank), WORLD_SIZE=str(launch.world_size), LOCAL_RANK=str(launch.local_rank + i),
                    MASTER_ADDR=launch.master_addr, MASTER_PORT=str(launch.master_port))
+        env[KEY_ENV] = key.decode()
         if threads:
             env[THREADS_ENV] = str(threads)
         log = logs / f"rank{rank}.log"
@@ -156,11 +202,17 @@ def spawn_ranks(launch: Launch, engine_dir: str, device: str, threads: int | Non
 
 
 def open_store(launch: Launch) -> dist.TCPStore:
-    """Rank 0 hosts the store; the others connect (retrying until the timeout). Under torchrun its
-    agent already hosts one at MASTER_ADDR:MASTER_PORT: every rank connects to that."""
-    host = launch.rank == 0 and os.environ.get("TORCHELASTIC_USE_AGENT_STORE") != "True"
-    return dist.TCPStore(launch.master_addr, launch.master_port, launch.world_size, host,
-                         timedelta(seconds=timeout_s()), wait_for_workers=False)
+    """Rank 0 hosts the store, listening on MASTER_ADDR only (port 0: a free one, written back into
+    `launch`); the others connect (retrying until the timeout). Under torchrun its agent already
+    hosts one at MASTER_ADDR:MASTER_PORT: every rank connects to that."""
+    timeout = timedelta(seconds=timeout_s())
+    if launch.rank == 0 and os.environ.get("TORCHELASTIC_USE_AGENT_STORE") != "True":
+        sock = listen_socket(launch.master_addr, launch.master_port)
+        launch.master_port = sock.getsockname()[1]
+        return dist.TCPStore(launch.master_addr, launch.master_port, launch.world_size, True, timeout,
+                             wait_for_workers=False, master_listen_fd=sock.detach())
+    return dist.TCPStore(launch.master_addr, launch.master_port, launch.world_size, False, timeout,
+                         wait_for_workers=False)
 
 
 def wait_for_ranks(store: dist.TCPStore, launch: Launch, children: list[Child]) -> None:

@@ -43,6 +43,7 @@ def test_every_field_is_documented():
     ("temperature", float("inf")), ("temperature", 1e300), ("repetition_penalty", 0.001),
     ("repetition_penalty", 1e300), ("presence_penalty", float("nan")), ("logprobs", 21),
     ("ignore_eos", "yes"), ("skip_special_tokens", None), ("include_stop_str_in_output", 1),
+    ("cache_salt", ""), ("cache_salt", 7), ("cache_salt", ["a"]),
 ])
 def test_validate_names_field_and_value(field, value):
     params = dataclasses.replace(SamplingParams(), **{field: value})
@@ -56,7 +57,7 @@ def test_validate_names_field_and_value(field, value):
     ("stop", ["x"] * 65, "at most 64 non-empty strings"), ("stop", ["x" * 1025], "1024 characters"),
     ("stop_token_ids", list(range(1025)), "at most 1024"), ("bad_words", ["w"] * 257, "at most 256"),
     ("bad_words", ["w" * 129], "at most 128 characters"), ("bad_words_ids", [[1]] * 513, "at most 512"),
-    ("bad_words_ids", [[1] * 1025], "1 to 1024"),
+    ("bad_words_ids", [[1] * 1025], "1 to 1024"), ("cache_salt", "s" * 513, "at most 512 characters"),
 ])
 def test_sizes_are_bounded(field, value, bound):
     params = dataclasses.replace(SamplingParams(), **{field: value})

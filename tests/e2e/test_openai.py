@@ -340,6 +340,29 @@ def test_disconnected_clients_free_their_kv_blocks(api):
     assert generated[-1] < most, f"never cut short: {generated} tokens of {most}"
 
 
+def test_cache_salt_keeps_prefix_cache_hits_within_a_salt(api):
+    """The OpenAI body's `cache_salt` reaches the served engine's prefix cache: the same prompt
+    under another salt is computed again (no hit), under the same salt it hits; text unchanged."""
+    prompt = "Salted prefixes stay apart: " + " ".join(f"w{i}" for i in range(40))
+    full = (api.count(prompt) - 1) // 8 * 8  # the e2e engine's blocks hold 8 tokens
+    assert full >= 16
+    want = api.greedy(prompt, max_tokens=4).text
+
+    def hits(salt: str) -> float:
+        before = [api.serve.metric(f"trtforge_prefix_cache_{m}_total") for m in ("queries", "hits")]
+        got = api.client.completions.create(model=NAME, prompt=prompt, max_tokens=4, temperature=0,
+                                            extra_body={"cache_salt": salt})
+        assert got.choices[0].text == want
+        assert wait_for(lambda: api.serve.metric("trtforge_prefix_cache_queries_total") > before[0])
+        return api.serve.metric("trtforge_prefix_cache_hits_total") - before[1]
+
+    assert hits("e2e-tenant-a") == 0
+    assert hits("e2e-tenant-b") == 0
+    assert hits("e2e-tenant-a") == full
+    with pytest.raises(openai.BadRequestError):
+        api.client.completions.create(model=NAME, prompt=prompt, max_tokens=4, extra_body={"cache_salt": ""})
+
+
 def _leave_non_streamed(api: Api, body: dict) -> float:
     """Send a non-streamed completion, close the socket once tokens flow; tokens generated."""
     before = api.serve.metric("trtforge_generation_tokens_total")

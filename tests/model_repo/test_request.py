@@ -42,6 +42,15 @@ def test_timeout_s_is_a_deadline_and_zero_means_none():
     assert parse_request(request_arrays("x", 2)).params.timeout_s is None
 
 
+def test_cache_salt_is_passed_through_and_bounded():
+    assert parse_request(request_arrays("x", 2, cache_salt="tenant-7")).params.cache_salt == "tenant-7"
+    assert parse_request(request_arrays("x", 2, cache_salt="sel ü")).params.cache_salt == "sel ü"
+    assert parse_request(request_arrays("x", 2)).params.cache_salt is None
+    for bad in ("", "s" * 513):
+        with pytest.raises(ValueError, match="cache_salt"):
+            parse_request(request_arrays("x", 2, cache_salt=bad))
+
+
 def test_stop_and_bad_words_are_csv_lines():
     req = parse_request(request_arrays("x", 2, stop_words=["foo,bar", "", '"a,b"'],
                                        bad_words="baz"))

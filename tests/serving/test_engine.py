@@ -104,6 +104,28 @@ def test_stats_report_prefix_cache_hits_of_a_repeated_prompt(engine):
     assert again.output_token_ids == first.output_token_ids
 
 
+def test_cache_salt_shares_prefix_hits_only_within_a_salt(engine):
+    ids = engine.tokenizer.encode(PROMPT, add_special_tokens=False)
+    block = engine.scheduler_config.block_size
+    full = (len(ids) - 1) // block * block  # what a repeated prompt reuses
+
+    def hits(salt):
+        before = engine.stats().prefix_cache_hit_tokens
+        (out,) = engine.generate([ids], greedy(3, cache_salt=salt))
+        assert out.error is None
+        return engine.stats().prefix_cache_hit_tokens - before, out.output_token_ids
+
+    first, tokens = hits("tenant-a")
+    assert first == 0
+    assert hits("tenant-b") == (0, tokens)  # another salt: computed again, same tokens
+    assert hits(None) == (0, tokens)  # unsalted requests have their own namespace
+    assert hits("tenant-a") == (full, tokens)
+    assert hits("tenant-b") == (full, tokens)
+    assert hits(None) == (full, tokens)
+    with pytest.raises(ValueError, match="cache_salt"):
+        engine.add_request(ids, greedy(3, cache_salt="s" * 513))
+
+
 def test_colliding_prefix_key_recomputes_instead_of_reusing_another_prompts_kv(dirs, monkeypatch):
     victim, other = PROMPT, "Pack my box with five dozen liquor jugs, said the quick judge."
     plain = LLMEngine.from_engine_dir(dirs[1], enable_prefix_caching=False)

@@ -90,6 +90,43 @@ def test_partial_block_is_not_cached_and_chain_depends_on_prefix():
     assert len(kv.find_prefix(same_first).blocks) == 1
 
 
+def test_cache_salt_keeps_prefix_hits_within_one_salt():
+    kv = KVCacheManager(num_blocks=32, block_size=BS)
+    prompt = list(range(100, 113))  # 3 full blocks before the last token
+
+    def salted(seq_id, salt):
+        return Sequence(seq_id=seq_id, prompt_token_ids=list(prompt), max_tokens=8, cache_salt=salt)
+
+    first = salted(1, "tenant-a")
+    assert admit_and_compute(kv, first).blocks == []
+    assert kv.num_cached_blocks == 3
+    # The same tokens under another salt, or none, find nothing: not even the first block.
+    assert kv.find_prefix(salted(2, "tenant-b")).blocks == []
+    assert kv.find_prefix(salted(3, None)).blocks == []
+    assert kv.find_prefix(salted(4, "tenant-a ")).blocks == []
+    # The same salt hits every full block but the last token's.
+    again = salted(5, "tenant-a")
+    assert admit_and_compute(kv, again).blocks == first.block_table[:3]
+    # Another salt computes and caches its own copy, which its own salt then finds.
+    other = salted(6, "tenant-b")
+    assert admit_and_compute(kv, other).blocks == []
+    assert not set(other.block_table) & set(first.block_table)
+    assert kv.num_cached_blocks == 6
+    assert kv.find_prefix(salted(7, "tenant-b")).blocks == other.block_table[:3]
+    tables = {seq.cache_salt: seq.block_table[:3] for seq in (first, other)}
+    for seq in (first, again, other):  # freed, still revivable, still apart
+        kv.free(seq)
+    assert kv.find_prefix(salted(8, "tenant-b")).blocks == tables["tenant-b"]
+    assert kv.find_prefix(salted(9, "tenant-a")).blocks == tables["tenant-a"]
+    assert kv.find_prefix(salted(10, None)).blocks == []
+    kv.check_invariants()
+
+
+def test_root_keys_differ_per_salt():
+    keys = {kv_cache_manager.root_key(salt) for salt in (None, "a", "b", "\ud800", "a" * 512)}
+    assert len(keys) == 5 and kv_cache_manager.root_key(None) == kv_cache_manager.ROOT_KEY
+
+
 def test_freed_cached_blocks_are_revived_then_evicted_when_reused():
     kv = KVCacheManager(num_blocks=4, block_size=BS)
     prompt = list(range(9))  # 2 full blocks + 1
