@@ -194,8 +194,8 @@ def _raise_shutdown(signum: int, _frame: object) -> None:
     raise _Shutdown(signal.Signals(signum).name)
 
 
-OPENAI_ONLY_OPTIONS = ("openai_host", "served_model_name", "api_key", "max_request_bytes",
-                       "max_prompt_chars")
+OPENAI_ONLY_OPTIONS = ("openai_host", "served_model_name", "api_key", "api_keys_file", "api_key_cache_salt",
+                       "max_request_bytes", "max_prompt_chars")
 """`serve` options that mean something only with --openai-port."""
 
 
@@ -211,6 +211,14 @@ def _check_openai_options(openai_port: int | None) -> None:
         flags = ", ".join("--" + name.replace("_", "-") for name in given)
         raise click.UsageError(f"{flags}: options of the OpenAI-compatible API, which runs only with "
                                "--openai-port (Triton's own HTTP/gRPC ports take no API key)")
+
+
+def _read_keys(path: str | None) -> tuple[str, ...]:
+    """The keys of --api-keys-file: one per line, blank lines and # comments skipped."""
+    if path is None:
+        return ()
+    lines = (line.strip() for line in Path(path).read_text().splitlines())
+    return tuple(line for line in lines if line and not line.startswith("#"))
 
 
 @click.command("serve")
@@ -238,6 +246,13 @@ def _check_openai_options(openai_port: int | None) -> None:
               help="Require 'Authorization: Bearer KEY' on every route of the OpenAI-compatible API "
                    "but /health (401 otherwise). Prefer the environment variable: other users see "
                    "command lines in `ps`. Triton's own ports are not protected by it.")
+@click.option("--api-keys-file", type=click.Path(exists=True, dir_okay=False), default=None,
+              help="More API keys accepted beside --api-key, one per line (one per tenant, say); "
+                   "blank lines and lines starting with # are skipped.")
+@click.option("--api-key-cache-salt/--no-api-key-cache-salt", default=False, show_default=True,
+              help="Give every API key its own prefix-cache namespace: requests made with different "
+                   "keys never share cached KV blocks, so one tenant cannot time another's prompts. "
+                   "Needs an API key.")
 @click.option("--max-request-bytes", type=click.IntRange(min=1), default=None,
               help="Largest request body the OpenAI-compatible API reads (413 beyond it). Default: "
                    "6 bytes per --max-prompt-chars character, at least 1 MiB.")
@@ -248,8 +263,8 @@ def _check_openai_options(openai_port: int | None) -> None:
 def serve_command(repo: str, http_port: int, grpc_port: int, metrics_port: int,
                   tritonserver: str | None, ready_timeout: float, log_file: str | None,
                   openai_port: int | None, openai_host: str,
-                  served_model_name: str | None, api_key: str | None,
-                  max_request_bytes: int | None, max_prompt_chars: int | None) -> None:
+                  served_model_name: str | None, api_key: str | None, api_keys_file: str | None,
+                  api_key_cache_salt: bool, max_request_bytes: int | None, max_prompt_chars: int | None) -> None:
     """Run Triton Inference Server on REPO in the foreground; Ctrl-C / SIGTERM stops it.
 
     With --openai-port, an OpenAI-compatible API runs beside it, forwarding to Triton."""
@@ -259,7 +274,8 @@ def serve_command(repo: str, http_port: int, grpc_port: int, metrics_port: int,
 
     _check_openai_options(openai_port)
     try:
-        limits = Limits(api_key=api_key or None, max_request_bytes=max_request_bytes,
+        limits = Limits(api_key=api_key or None, api_keys=_read_keys(api_keys_file),
+                        api_key_cache_salt=api_key_cache_salt, max_request_bytes=max_request_bytes,
                         max_prompt_chars=max_prompt_chars)
     except ValueError as exc:
         raise click.BadParameter(str(exc)) from None

@@ -335,6 +335,22 @@ def test_serve_options(tmp_path, monkeypatch):
     assert result.exit_code == 2 and "--max-request-bytes" in result.output
 
 
+def test_serve_reads_tenant_keys_and_refuses_a_salt_without_keys(tmp_path, monkeypatch):
+    from trtforge.cli.triton import _read_keys
+
+    keys = tmp_path / "keys"
+    keys.write_text("# tenants\nkey-a\n\n  key-b  \n")
+    assert _read_keys(str(keys)) == ("key-a", "key-b")
+    ctx = serve_command.make_context("serve", [str(tmp_path), "--openai-port", "0", "--api-keys-file", str(keys),
+                                               "--api-key-cache-salt"])
+    assert ctx.params["api_key_cache_salt"] is True and ctx.params["api_keys_file"] == str(keys)
+    result = CliRunner().invoke(serve_command, [str(tmp_path), "--api-key-cache-salt"])
+    assert result.exit_code == 2 and "runs only with --openai-port" in result.output
+    monkeypatch.delenv(guard.API_KEY_ENV, raising=False)
+    result = CliRunner().invoke(serve_command, [str(tmp_path), "--openai-port", "0", "--api-key-cache-salt"])
+    assert result.exit_code == 2 and "api_key_cache_salt" in result.output, result.output
+
+
 @pytest.fixture(scope="module")
 def plain_tokenizer(tmp_path_factory):
     """The tiny tokenizer as an engine directory loads it: models/tokenizer.PlainTokenizer."""
