@@ -689,23 +689,25 @@ void trtforge_quantize_activations(const float *x, int64_t rows, int64_t k, int8
 
 int trtforge_vnni(void) { return 1; }
 
-/* out [ceil(n/16)][k/4][16][4] int8, wsum [ceil(n/16)][k/32][16] int32 = 128 * block sums. */
+/* out [ceil(n/16)][k/4][16][4] int8, wsum [ceil(n/16)][k/32][16] int32 = 128 * block sums.
+ * Written in order: per group of 4 inputs, 4 bytes from each of the panel's 16 rows. */
 int trtforge_pack_int8_vnni(const int8_t *q, int64_t n, int64_t k, int8_t *out, int32_t *wsum, int64_t threads) {
     const int64_t panels = (n + 15) / 16, nb = k / QK;
 #pragma omp parallel for schedule(static) num_threads(threads)
     for (int64_t p = 0; p < panels; p++) {
-        for (int64_t j = 0; j < 16; j++) {
-            const int64_t row = p * 16 + j;
-            for (int64_t b = 0; b < nb; b++) {
-                int32_t s = 0;
-                for (int64_t i = b * QK; i < (b + 1) * QK; i++) {
-                    const int8_t v = row < n ? q[row * k + i] : 0;
-                    out[((p * (k / 4) + i / 4) * 16 + j) * 4 + i % 4] = v;
-                    s += v;
-                }
-                wsum[(p * nb + b) * 16 + j] = 128 * s;
+        const int8_t *rows[16];
+        static const int8_t zeros[QK] = {0};
+        for (int64_t j = 0; j < 16; j++) rows[j] = p * 16 + j < n ? q + (p * 16 + j) * k : 0;
+        int8_t *o = out + p * k * 16;
+        for (int64_t g = 0; g < k / 4; g++)
+            for (int64_t j = 0; j < 16; j++) memcpy(o + (g * 16 + j) * 4, rows[j] ? rows[j] + g * 4 : zeros, 4);
+        for (int64_t b = 0; b < nb; b++)
+            for (int64_t j = 0; j < 16; j++) {
+                int32_t sum = 0;
+                if (rows[j])
+                    for (int64_t i = 0; i < QK; i++) sum += rows[j][b * QK + i];
+                wsum[(p * nb + b) * 16 + j] = 128 * sum;
             }
-        }
     }
     return 0;
 }
