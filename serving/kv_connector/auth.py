@@ -82,24 +82,27 @@ def handoff_key(key_file: str | None, one_host: bool) -> bytes:
                     f"{KEY_ENV} in both servers' environment (docs/scale-out.md)")
 
 
-def read_key_file(path: str) -> bytes:
+def read_key_file(path: str, what: str = "kv_auth_key_file", error: type[Exception] = HandoffKeyError) -> bytes:
+    """The key in `path`: a regular file only this user can read, at least MIN_KEY_CHARS long;
+    `error` naming `what` (the setting that named the file) otherwise. Shared with the
+    tensor-parallel group key (serving/worker/tp_auth.py)."""
     try:
         fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW)
     except OSError as exc:
-        raise HandoffKeyError(f"kv_auth_key_file {path} cannot be read: {exc.strerror}") from None
+        raise error(f"{what} {path} cannot be read: {exc.strerror}") from None
     try:
         info = os.fstat(fd)
         if not stat.S_ISREG(info.st_mode):
-            raise HandoffKeyError(f"kv_auth_key_file {path} is not a regular file")
+            raise error(f"{what} {path} is not a regular file")
         if info.st_mode & 0o077:
-            raise HandoffKeyError(f"kv_auth_key_file {path} is accessible to other users (mode "
-                            f"{stat.S_IMODE(info.st_mode):04o}): `chmod 600 {path}`")
+            raise error(f"{what} {path} is accessible to other users (mode "
+                        f"{stat.S_IMODE(info.st_mode):04o}): `chmod 600 {path}`")
         data = os.read(fd, 4096).strip()
     finally:
         os.close(fd)
     if len(data) < MIN_KEY_CHARS:
-        raise HandoffKeyError(f"kv_auth_key_file {path} holds {len(data)} characters: write at least "
-                        f"{MIN_KEY_CHARS} random ones (e.g. `openssl rand -hex 32 > {path}`)")
+        raise error(f"{what} {path} holds {len(data)} characters: write at least "
+                    f"{MIN_KEY_CHARS} random ones (e.g. `openssl rand -hex 32 > {path}`)")
     return data
 
 

@@ -30,12 +30,11 @@ import ipaddress
 import os
 import secrets
 import socket
-import stat
 from typing import Mapping
 
 import torch
 
-from trtforge.serving.kv_connector.auth import MIN_KEY_CHARS, HandoffKeyError, local_key
+from trtforge.serving.kv_connector.auth import MIN_KEY_CHARS, HandoffKeyError, local_key, read_key_file
 
 KEY_ENV = "TRTFORGE_TP_AUTH_KEY"
 KEY_FILE_ENV = "TRTFORGE_TP_AUTH_KEY_FILE"
@@ -84,24 +83,7 @@ def group_key(master_addr: str, spawns_all: bool, env: Mapping[str, str] | None 
 
 
 def _read_key_file(path: str) -> bytes:
-    try:
-        fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW)
-    except OSError as exc:
-        raise GroupAuthError(f"{KEY_FILE_ENV}={path} cannot be read: {exc.strerror}") from None
-    try:
-        info = os.fstat(fd)
-        if not stat.S_ISREG(info.st_mode):
-            raise GroupAuthError(f"{KEY_FILE_ENV}={path} is not a regular file")
-        if info.st_mode & 0o077:
-            raise GroupAuthError(f"{KEY_FILE_ENV}={path} is accessible to other users (mode "
-                                 f"{stat.S_IMODE(info.st_mode):04o}): `chmod 600 {path}`")
-        data = os.read(fd, 4096).strip()
-    finally:
-        os.close(fd)
-    if len(data) < MIN_KEY_CHARS:
-        raise GroupAuthError(f"{KEY_FILE_ENV}={path} holds {len(data)} characters: write at least "
-                             f"{MIN_KEY_CHARS} random ones (e.g. `openssl rand -hex 32 > {path}`)")
-    return data
+    return read_key_file(path, KEY_FILE_ENV, GroupAuthError)
 
 
 def _tag(key: bytes, nonces: bytes, rank: int) -> bytes:
