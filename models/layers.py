@@ -44,8 +44,9 @@ KERNEL_MODES = ("reference", "auto")
 
 class TiedLMHead(nn.Module):
     """The LM head of tied embeddings: logits = x E^T over the embedding table (this rank's rows of
-    it with a tensor-parallel shard). Holds no tensor of its own: the table is read at each call, so
-    the loaded one is used, never a copy."""
+    it with a tensor-parallel shard). Until `pack_weights` it holds no tensor of its own (the loaded
+    table is read at each call); after it, the packed rows, and the whole-vocabulary table itself is
+    dropped (the embeddings are then read from the packed rows: models/layers.py pack_weights)."""
 
     def __init__(self, embedding: nn.Embedding, vocab: tuple[int, int] | None,
                  kernel: Callable[[torch.Tensor, torch.Tensor, torch.Tensor | None], torch.Tensor]):
@@ -53,8 +54,8 @@ class TiedLMHead(nn.Module):
         self._embedding = (embedding,)  # a tuple: not a submodule, so the state dict names the table once
         self.vocab = vocab
         self.kernel = kernel
-        """F.linear, or plugins/cpu/linear.cpu_linear (the C GEMV / oneDNN; the CPU decode plan then
-        calls the GEMV on `weight` itself)."""
+        """F.linear, or plugins/cpu/linear.cpu_linear (oneDNN on the dense table; once packed, the
+        packed C GEMM runs instead, and the CPU decode plan calls it on `packed` itself)."""
 
     @property
     def weight(self) -> torch.Tensor:

@@ -69,7 +69,7 @@ class NetworkExecutor:
             from trtforge.plugins.cpu import fused as cpu_fused, linear as cpu_linear
             from trtforge.plugins.paged_attention import cpu_native
 
-            native = {"fused ops": cpu_fused.library(), "GEMV": cpu_linear.library(),
+            native = {"fused ops": cpu_fused.library(), "packed GEMM": cpu_linear.library(),
                       "decode attention": cpu_native.library()}
             parts.append("C kernels: " + ", ".join(f"{k} {'on' if v is not None else 'OFF'}"
                                                    for k, v in native.items()))
