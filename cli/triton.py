@@ -15,9 +15,11 @@ from trtforge.model_repo.params import AdapterOptions
 from trtforge.model_repo.phases import CPU_THREADS, CPUS, PHASE_DOCS, ROUTER, scheduler_fields
 from trtforge.models.errors import EngineLoadError
 
-CONTEXT_RUNTIME_FIELDS = ("handoff_timeout_s", "kv_connector", "kv_advertise_host", "kv_auth_key_file")
+CONTEXT_RUNTIME_FIELDS = ("handoff_timeout_s", "kv_connector", "kv_advertise_host", "kv_auth_key_file",
+                          "kv_tls_cert_file", "kv_tls_key_file", "kv_tls_ca_file")
 """The RuntimeConfig fields of the context model's KV handoff."""
-GENERATION_RUNTIME_FIELDS = ("kv_auth_key_file", "kv_peers")
+GENERATION_RUNTIME_FIELDS = ("kv_auth_key_file", "kv_peers", "kv_tls_cert_file", "kv_tls_key_file",
+                             "kv_tls_ca_file")
 """The RuntimeConfig fields of the generation model's KV handoff."""
 
 
@@ -182,7 +184,9 @@ def _phase_values(options: dict[str, object], disaggregated: bool) -> dict[str, 
             cpu_threads=mine.get("cpu_threads"), instances=mine.get("instances") or 1,
             handoff_timeout_s=mine.get("handoff_timeout_s"), kv_connector=mine.get("kv_connector"),
             kv_advertise_host=mine.get("kv_advertise_host"),
-            kv_auth_key_file=mine.get("kv_auth_key_file"), kv_peers=mine.get("kv_peers"))
+            kv_auth_key_file=mine.get("kv_auth_key_file"), kv_peers=mine.get("kv_peers"),
+            kv_tls_cert_file=mine.get("kv_tls_cert_file"), kv_tls_key_file=mine.get("kv_tls_key_file"),
+            kv_tls_ca_file=mine.get("kv_tls_ca_file"))
     return out
 
 

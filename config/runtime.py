@@ -94,7 +94,7 @@ class RuntimeConfig:
     """Context phase: how the KV is handed over: shm (generation engine on this host) or
     tcp://HOST:PORT (listen there, for generation servers on other hosts; port 0: any free port;
     tcp://:PORT listens on 127.0.0.1 only, every interface only if written: tcp://0.0.0.0:PORT).
-    Not encrypted: across untrusted networks, use a tunnel (docs/scale-out.md)."""
+    Plain TCP unless kv_tls_cert_file is set (TLS, docs/scale-out.md)."""
     kv_advertise_host: str | None = None
     """Context phase, tcp connector: the host name or address generation servers reach it at
     (None: the listen host, or this host's name when it listens on 0.0.0.0)."""
@@ -103,6 +103,16 @@ class RuntimeConfig:
     that authenticates KV handoffs; both sides need the same one. None: $TRTFORGE_KV_AUTH_KEY,
     else on one host (shm) a per-user key created beside the handoff segments; a tcp connector
     and a generation engine with kv_peers refuse to start without one."""
+    kv_tls_cert_file: str | None = None
+    """tcp KV connector, TLS: the context server's certificate chain (PEM; TLS is on when set),
+    or a generation server's client certificate for mutual TLS."""
+    kv_tls_key_file: str | None = None
+    """The private key of kv_tls_cert_file (PEM, mode 0600)."""
+    kv_tls_ca_file: str | None = None
+    """tcp KV connector, TLS: on a generation server, the CA certificates (PEM) the context
+    servers' certificates must chain to, each naming the host its handles give (TLS is on when
+    set); on a context server, requires every client to present a certificate this CA signed
+    (mutual TLS)."""
     kv_peers: str | None = None
     """Generation phase: the context servers whose tcp KV connectors it fetches from, HOST or
     HOST:PORT, comma-separated (None: shared-memory handoffs on this host only; a handle naming

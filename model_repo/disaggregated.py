@@ -41,6 +41,7 @@ from trtforge.model_repo.phases import (
     KV_AUTH_KEY_FILE,
     KV_CONNECTOR,
     KV_PEERS,
+    KV_TLS_FILES,
     PHASE_DOCS,
     ROLE,
     ROUTER,
@@ -76,6 +77,14 @@ class PhaseOptions:
     kv_peers: str | None = None
     """Generation only: the context servers' hosts (HOST or HOST:PORT, comma-separated) whose tcp
     connectors it fetches from."""
+    kv_tls_cert_file: str | None = None
+    """TLS of the tcp connector (both phases; absolute paths are written): the context server's
+    certificate, or the generation server's client certificate (mutual TLS)."""
+    kv_tls_key_file: str | None = None
+    """The private key of kv_tls_cert_file."""
+    kv_tls_ca_file: str | None = None
+    """Generation: the CA of the context servers' certificates (TLS on); context: the CA of the
+    clients' certificates (mutual TLS)."""
 
 
 @dataclass
@@ -120,9 +129,9 @@ def emit_disaggregated(engine: EngineConfig, repo: Path, adapter: AdapterOptions
         parse_cpus(opts.cpus)
         if opts.instances < 1:
             raise ValueError(f"{phase} instances={opts.instances} is invalid: must be >= 1")
-        key_file = str(Path(opts.kv_auth_key_file).absolute()) if opts.kv_auth_key_file else None
-        runtime = {"device": device, "kv_cache_memory": opts.kv_cache_memory, "phase": phase,
-                   KV_AUTH_KEY_FILE: key_file}
+        files = {name: str(Path(getattr(opts, name)).absolute()) if getattr(opts, name) else None
+                 for name in (KV_AUTH_KEY_FILE, *KV_TLS_FILES)}
+        runtime = {"device": device, "kv_cache_memory": opts.kv_cache_memory, "phase": phase, **files}
         if phase == Phase.CONTEXT:
             runtime.update(handoff_timeout_s=opts.handoff_timeout_s, kv_connector=opts.kv_connector,
                            kv_advertise_host=opts.kv_advertise_host)

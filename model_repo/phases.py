@@ -34,6 +34,9 @@ KV_CONNECTOR = "kv_connector"
 KV_ADVERTISE_HOST = "kv_advertise_host"
 KV_AUTH_KEY_FILE = "kv_auth_key_file"
 KV_PEERS = "kv_peers"
+KV_TLS_FILES = ("kv_tls_cert_file", "kv_tls_key_file", "kv_tls_ca_file")
+"""TLS of the tcp KV connector (both phases: the context server's certificate, the generation
+server's CA; config/runtime.py)."""
 CPUS = "cpus"
 CPU_THREADS = "cpu_threads"
 # Parameters of the router model.
@@ -84,8 +87,8 @@ PHASE_DOCS = {
 """Docs of the phase models' own parameters (the RuntimeConfig ones are documented there)."""
 
 _OWN = {Phase.CONTEXT: set(CONTEXT_SCHEDULER_FIELDS) | {HANDOFF_TIMEOUT, KV_CONNECTOR, KV_ADVERTISE_HOST,
-                                                       KV_AUTH_KEY_FILE},
-        Phase.GENERATION: set(GENERATION_SCHEDULER_FIELDS) | {KV_AUTH_KEY_FILE, KV_PEERS}}
+                                                       KV_AUTH_KEY_FILE, *KV_TLS_FILES},
+        Phase.GENERATION: set(GENERATION_SCHEDULER_FIELDS) | {KV_AUTH_KEY_FILE, KV_PEERS, *KV_TLS_FILES}}
 _SCHEDULER_FIELDS = {f.name for f in dataclasses.fields(SchedulerConfig)}
 
 

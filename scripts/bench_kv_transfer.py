@@ -1,5 +1,6 @@
 """KV handoff transfer rate (docs/scale-out.md, docs/benchmarks.md): the shared-memory and TCP
-connectors vs a plain loopback socket copy of the same bytes, in one run.
+connectors (plain and TLS, with a throwaway certificate) vs a plain loopback socket copy of the
+same bytes, in one run.
 
 A 0.5B-shaped (Qwen2.5-0.5B: 24 layers, 2 KV heads of 64, float32) KV pool; one prompt of
 --tokens tokens is exported by a context-side connector and imported into a second pool, as the
@@ -14,13 +15,16 @@ import argparse
 import json
 import socket
 import statistics
+import tempfile
 import threading
 import time
+from pathlib import Path
 
 import torch
 
 from trtforge.config.runtime import RuntimeConfig
 from trtforge.serving.kv_connector import KVHandle, KVImporter, SharedMemoryExporter, TcpExporter
+from trtforge.serving.kv_connector.tls import client_context, server_context
 
 LAYERS, KV_HEADS, HEAD_DIM, BLOCK = 24, 2, 64, 16
 
@@ -71,6 +75,33 @@ def socket_copy(nbytes: int) -> float:
     return seconds
 
 
+def self_signed(directory: Path) -> tuple[str, str]:
+    """A throwaway certificate for 127.0.0.1 (its own CA), and its key: (cert file, key file)."""
+    import datetime
+    import ipaddress
+
+    from cryptography import x509
+    from cryptography.hazmat.primitives import hashes, serialization
+    from cryptography.hazmat.primitives.asymmetric import ec
+    from cryptography.x509.oid import NameOID
+
+    key = ec.generate_private_key(ec.SECP256R1())
+    name = x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, "127.0.0.1")])
+    now = datetime.datetime.now(datetime.timezone.utc)
+    cert = (x509.CertificateBuilder().subject_name(name).issuer_name(name).public_key(key.public_key())
+            .serial_number(x509.random_serial_number()).not_valid_before(now)
+            .not_valid_after(now + datetime.timedelta(hours=1))
+            .add_extension(x509.SubjectAlternativeName([x509.IPAddress(ipaddress.ip_address("127.0.0.1"))]),
+                           critical=False)
+            .sign(key, hashes.SHA256()))
+    cert_file, key_file = directory / "cert.pem", directory / "key.pem"
+    cert_file.write_bytes(cert.public_bytes(serialization.Encoding.PEM))
+    key_file.write_bytes(key.private_bytes(serialization.Encoding.PEM, serialization.PrivateFormat.PKCS8,
+                                           serialization.NoEncryption()))
+    key_file.chmod(0o600)
+    return str(cert_file), str(key_file)
+
+
 def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--tokens", type=int, default=2000)
@@ -84,15 +115,21 @@ def main() -> None:
     src, dst = pools(nblocks * 2), pools(nblocks * 2)
     blocks = list(range(nblocks // 2, nblocks // 2 + nblocks))
     importer = KVImporter(dst, BLOCK)
+    cert, key = self_signed(Path(tempfile.mkdtemp()))
+    tls_importer = KVImporter(dst, BLOCK, peers="127.0.0.1", tls=client_context(cert, None, None))
     timeout_s = RuntimeConfig().handoff_timeout_s
     report = {"tokens": args.tokens, "blocks": nblocks, "repeat": args.repeat}
     for name, make in (("shm", lambda: SharedMemoryExporter(src, nblocks * 2, BLOCK, timeout_s)),
                        ("tcp_loopback", lambda: TcpExporter(src, nblocks * 2, BLOCK, timeout_s,
-                                                            listen="tcp://127.0.0.1:0", advertise_host=None))):
+                                                            listen="tcp://127.0.0.1:0", advertise_host=None)),
+                       ("tcp_tls_loopback", lambda: TcpExporter(src, nblocks * 2, BLOCK, timeout_s,
+                                                                listen="tcp://127.0.0.1:0", advertise_host=None,
+                                                                tls=server_context(cert, key, None)))):
         exporter = make()
+        taker = tls_importer if name == "tcp_tls_loopback" else importer
         try:
-            handoff(exporter, importer, src, dst, blocks, args.tokens)  # warm-up: faults the pages in
-            runs = [handoff(exporter, importer, src, dst, blocks, args.tokens) for _ in range(args.repeat)]
+            handoff(exporter, taker, src, dst, blocks, args.tokens)  # warm-up: faults the pages in
+            runs = [handoff(exporter, taker, src, dst, blocks, args.tokens) for _ in range(args.repeat)]
         finally:
             exporter.close()
         export_s = statistics.median(r[0] for r in runs)

@@ -34,6 +34,7 @@ from trtforge.serving.kv_connector.handle import HandoffError, KVHandle
 from trtforge.serving.kv_connector.importer import KVImporter
 from trtforge.serving.kv_connector.shared_memory import SharedMemoryExporter
 from trtforge.serving.kv_connector.tcp import TcpExporter
+from trtforge.serving.kv_connector.tls import TlsConfigError, client_context, server_context
 
 
 def make_connector(runtime: RuntimeConfig, kv_tensors: list[torch.Tensor], num_blocks: int,
@@ -43,20 +44,27 @@ def make_connector(runtime: RuntimeConfig, kv_tensors: list[torch.Tensor], num_b
     by `runtime.kv_connector` (shm, or tcp://HOST:PORT to listen there); the generation side's
     importer (shared-memory handles of this host, or tcp ones of `runtime.kv_peers`). Both sign
     or check handles with the handoff key (auth.handoff_key: ValueError when none is configured
-    for a tcp connector)."""
+    for a tcp connector); a tcp connector speaks TLS when runtime's kv_tls_* files say so
+    (tls.py; TlsConfigError, a ValueError, for a missing or unusable file)."""
     if runtime.phase is Phase.BOTH:
         return None
     if runtime.phase is Phase.GENERATION:
         key = handoff_key(runtime.kv_auth_key_file, one_host=not runtime.kv_peers)
-        return KVImporter(kv_tensors, block_size, key=key, peers=runtime.kv_peers)
+        tls = client_context(runtime.kv_tls_ca_file, runtime.kv_tls_cert_file, runtime.kv_tls_key_file)
+        return KVImporter(kv_tensors, block_size, key=key, peers=runtime.kv_peers, tls=tls)
     one_host = runtime.kv_connector == SHARED_MEMORY_CONNECTOR
     key = handoff_key(runtime.kv_auth_key_file, one_host=one_host)
+    tls = server_context(runtime.kv_tls_cert_file, runtime.kv_tls_key_file, runtime.kv_tls_ca_file)
     if one_host:
+        if tls is not None:
+            raise TlsConfigError("kv_tls_cert_file is for the tcp KV connector; this context model "
+                                 "hands KV over shared memory (kv_connector=shm)")
         return SharedMemoryExporter(kv_tensors, num_blocks, block_size, runtime.handoff_timeout_s,
                                     key=key)
     return TcpExporter(kv_tensors, num_blocks, block_size, runtime.handoff_timeout_s,
-                       listen=runtime.kv_connector, advertise_host=runtime.kv_advertise_host, key=key)
+                       listen=runtime.kv_connector, advertise_host=runtime.kv_advertise_host, key=key,
+                       tls=tls)
 
 
 __all__ = ["HandoffError", "HandoffKeyError", "HandoffStats", "KVConnector", "KVHandle", "KVImporter",
-           "SharedMemoryExporter", "TcpExporter", "make_connector"]
+           "SharedMemoryExporter", "TcpExporter", "TlsConfigError", "make_connector"]

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import os
 import re
+import ssl
 import time
 
 import torch
@@ -33,18 +34,22 @@ _USED_GRACE_S = 300.0
 class KVImporter(KVConnector):
     """Imports into `kv_tensors` (the engine's KV pools, block axis at dim 1; blocks of
     `block_size` tokens). `key`: the handoff key (None: this user's one-host key); `peers`:
-    kv_peers (None: shared-memory handles of this host only, in the handoff directory)."""
+    kv_peers (None: shared-memory handles of this host only, in the handoff directory); `tls`:
+    tls.client_context's, for tcp peers (None: plain TCP)."""
 
     role = Phase.GENERATION
 
     def __init__(self, kv_tensors: list[torch.Tensor], block_size: int, key: bytes | None = None,
-                 peers: str | None = None) -> None:
+                 peers: str | None = None, tls: ssl.SSLContext | None = None) -> None:
         self.kv_tensors = kv_tensors
         self.block_size = block_size
         self.key = key if key is not None else auth.local_key()
         self.peers = parse_peers(peers) if peers else []
         self._shm = SharedMemoryImporter()
-        self._tcp = TcpImporter()
+        if tls is not None and not self.peers:
+            raise ValueError("kv_tls_ca_file is for fetching from context servers on other hosts: "
+                             "this generation model has no kv_peers (it takes shared-memory handoffs)")
+        self._tcp = TcpImporter(tls)
         self._used: dict[str, float] = {}  # mac -> deadline, of handles admitted once
         self.refused_total = 0
         """Handles refused by check_handoff."""

@@ -12,11 +12,14 @@ in constant time with what it issued), only once, only before its deadline, and 
 blocks (from its own record: a request that names block ids must name exactly those). It listens where
 kv_connector says (tcp://:PORT: loopback), serves at most 32 connections at once and gives each
 transfer a deadline, so a client that connects and never finishes holds a thread for seconds,
-not forever. There is no TLS: across untrusted networks run it through a tunnel (docs/scale-out.md).
+not forever. With TLS configured (tls.py: a certificate on the context side, a CA on the
+generation side, mutual TLS optional) every connection is TLS from its first byte, and the TLS
+handshake shares the request line's 5 s.
 
 The blocks go tensor by tensor, K then V, block by block, straight from the staging area
 (scatter-gather `sendmsg`) into the generation pool's blocks (`recvmsg_into`): no copy on
-either side beyond the socket's own.
+either side beyond the socket's own (under TLS: `send` / `recv_into` view by view, through the
+TLS records).
 
 The server checks the handle's slot again after sending (an expiry during the send turns the
 trailer into b"XX" and the importer drops what it got), then acknowledges it: the owner's poll
@@ -27,6 +30,7 @@ from __future__ import annotations
 
 import json
 import socket
+import ssl
 import threading
 import time
 
@@ -52,12 +56,14 @@ class TcpExporter(SharedMemoryExporter):
     """Context side across hosts: stages blocks like SharedMemoryExporter and serves them on TCP
     at `listen` (tcp://HOST:PORT, port 0: any free one; no host: 127.0.0.1); handles name
     `advertise_host` (None: the listen host, or this host's name when it listens on every
-    interface). `key`: the handoff key (SharedMemoryExporter)."""
+    interface). `key`: the handoff key (SharedMemoryExporter); `tls`: tls.server_context's (None:
+    plain TCP)."""
 
     def __init__(self, kv_tensors: list[torch.Tensor], num_blocks: int, block_size: int,
                  handoff_timeout_s: float, listen: str, advertise_host: str | None,
-                 key: bytes | None = None) -> None:
+                 key: bytes | None = None, tls: ssl.SSLContext | None = None) -> None:
         super().__init__(kv_tensors, num_blocks, block_size, handoff_timeout_s, key=key)
+        self._tls = tls
         host, port = parse_listen_address(listen)
         try:
             self._server = socket.create_server((host, port), reuse_port=False)
@@ -72,6 +78,9 @@ class TcpExporter(SharedMemoryExporter):
         self._slots = threading.BoundedSemaphore(MAX_CONNECTIONS)
         self.connections_refused = 0
         """Connections closed at once because MAX_CONNECTIONS were being served."""
+        self.tls_failures = 0
+        """Connections closed because their TLS handshake failed (no or a wrong certificate,
+        plain TCP, too slow)."""
         threading.Thread(target=self._accept, name="trtforge-kv-tcp", daemon=True).start()
 
     @property
@@ -98,6 +107,12 @@ class TcpExporter(SharedMemoryExporter):
     def _serve(self, conn: socket.socket) -> None:
         deadline = time.monotonic() + _SOCKET_TIMEOUT_S
         try:
+            if self._tls is not None:
+                try:
+                    conn = _handshake(self._tls, conn)
+                except (OSError, ValueError):  # closed by _handshake
+                    self.tls_failures += 1
+                    return
             with conn:
                 self._answer(conn, deadline)
         except (OSError, HandoffError):
@@ -149,9 +164,11 @@ class TcpExporter(SharedMemoryExporter):
 class TcpImporter:
     """Generation side's transport for tcp:// handles: fetches a handle's blocks from its context
     server and copies them in (KVImporter picks it by the handle's location, once check_handoff
-    has authenticated it and found the host among the allowed peers)."""
+    has authenticated it and found the host among the allowed peers). `tls`:
+    tls.client_context's (None: plain TCP)."""
 
-    def __init__(self) -> None:
+    def __init__(self, tls: ssl.SSLContext | None = None) -> None:
+        self._tls = tls
         self.handoffs_done = 0
         self.bytes_total = 0
         self.seconds_total = 0.0
@@ -166,7 +183,7 @@ class TcpImporter:
         landing = kv_tensors if direct else [torch.empty((t.shape[0], len(blocks), *t.shape[2:]),
                                                          dtype=t.dtype) for t in kv_tensors]
         views = _block_views(landing, blocks if direct else list(range(len(blocks))))
-        with _connect(handle) as conn:
+        with _connect(handle, self._tls) as conn:
             _send(conn, _request(handle, "take"), deadline)
             header = _header(conn, handle, deadline)
             if header.get("layout") != _layout(kv_tensors):
@@ -192,7 +209,7 @@ class TcpImporter:
     def release(self, handle: KVHandle) -> None:
         try:
             deadline = time.monotonic() + _REQUEST_TIMEOUT_S
-            with _connect(handle, _REQUEST_TIMEOUT_S) as conn:
+            with _connect(handle, self._tls, _REQUEST_TIMEOUT_S) as conn:
                 _send(conn, _request(handle, "release"), deadline)
                 _header(conn, handle, deadline)
         except (HandoffError, OSError, ValueError):
@@ -206,7 +223,8 @@ def _request(handle: KVHandle, op: str) -> bytes:
     return json.dumps(request, separators=(",", ":")).encode() + b"\n"
 
 
-def _connect(handle: KVHandle, timeout_s: float = _SOCKET_TIMEOUT_S) -> socket.socket:
+def _connect(handle: KVHandle, tls: ssl.SSLContext | None,
+             timeout_s: float = _SOCKET_TIMEOUT_S) -> socket.socket:
     host, port = parse_address(handle.location)
     try:
         conn = socket.create_connection((host, port), timeout=timeout_s)
@@ -214,7 +232,27 @@ def _connect(handle: KVHandle, timeout_s: float = _SOCKET_TIMEOUT_S) -> socket.s
         raise HandoffError(f"the context server at {handle.location} holding the KV of "
                            f"{handle.request_id} cannot be reached ({exc}); it has gone away") from None
     conn.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
-    return conn
+    if tls is None:
+        return conn
+    try:  # checks the certificate against kv_tls_ca_file and the location's host name
+        return tls.wrap_socket(conn, server_hostname=host)
+    except (OSError, ValueError) as exc:
+        conn.close()
+        raise HandoffError(f"the TLS handshake with the context server at {handle.location} failed "
+                           f"({exc}): its certificate must be signed by kv_tls_ca_file and name "
+                           f"{host!r}") from None
+
+
+def _handshake(tls: ssl.SSLContext, conn: socket.socket) -> ssl.SSLSocket:
+    """The server side of a connection's TLS handshake, within the request line's time."""
+    conn.settimeout(_REQUEST_TIMEOUT_S)
+    wrapped = tls.wrap_socket(conn, server_side=True, do_handshake_on_connect=False)
+    try:
+        wrapped.do_handshake()
+    except BaseException:
+        wrapped.close()
+        raise
+    return wrapped
 
 
 def _header(conn: socket.socket, handle: KVHandle, deadline: float) -> dict:
@@ -253,7 +291,8 @@ def _linger(conn: socket.socket, max_bytes: int = 1 << 16, timeout_s: float = 0.
     """Close gracefully after an error answer: unread input would turn the close into a reset
     that can discard the answer before the client reads it."""
     try:
-        conn.shutdown(socket.SHUT_WR)
+        if not isinstance(conn, ssl.SSLSocket):  # (a TLS socket has no half-close)
+            conn.shutdown(socket.SHUT_WR)
         conn.settimeout(timeout_s)
         while max_bytes > 0:
             chunk = conn.recv(min(max_bytes, 4096))
@@ -306,7 +345,10 @@ _IOV_MAX = 512
 def _scatter(conn: socket.socket, op: str, views: list[memoryview], deadline: float) -> None:
     """Run a scatter-gather socket call (sendmsg / recvmsg_into) until every view is done, or
     the transfer's deadline passes (HandoffError)."""
-    call = conn.sendmsg if op == "sendmsg" else (lambda b: conn.recvmsg_into(b)[0])
+    if isinstance(conn, ssl.SSLSocket):  # no scatter-gather through TLS: one view per call
+        call = (lambda b: conn.send(b[0])) if op == "sendmsg" else (lambda b: conn.recv_into(b[0]))
+    else:
+        call = conn.sendmsg if op == "sendmsg" else (lambda b: conn.recvmsg_into(b)[0])
     i, offset = 0, 0
     while i < len(views):
         if not len(views[i]):
@@ -316,6 +358,10 @@ def _scatter(conn: socket.socket, op: str, views: list[memoryview], deadline: fl
         try:
             _remaining(conn, deadline)
             n = call(batch)
+        except ssl.SSLError as exc:
+            raise HandoffError(f"the KV handoff's TLS connection broke off ({exc}); a context server "
+                               "with mutual TLS closes it when this server's certificate "
+                               "(kv_tls_cert_file) is missing or not signed by its kv_tls_ca_file") from None
         except OSError as exc:
             raise HandoffError(f"the KV handoff broke off: {exc}") from None
         if n == 0:
