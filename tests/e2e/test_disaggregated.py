@@ -217,6 +217,91 @@ def test_phase_configs_parse_back_and_a_foreign_parameter_fails_the_load(served)
     assert "'max_batch_size' belongs to the generation model" in message
 
 
+def _call_phase(url: str, model: str, prompt: str, max_tokens: int, handle: bytes | None = None,
+                **options) -> tuple[str, bytes | None]:
+    """An attacker's direct call to a phase model (as the router calls it): (text, the handle it
+    answered with); RuntimeError with the server's message on an error."""
+    import numpy as np
+    import tritonclient.grpc as grpcclient
+
+    from trtforge.model_repo.phases import CONTEXT_PHASE_PARAMS, REQUEST_TYPE
+
+    kind = "context_only" if model == "context" else "generation_only"
+    arrays = client.request_arrays(prompt, max_tokens, stream=True, exclude_input_in_output=True, **options)
+    arrays[REQUEST_TYPE] = np.array([[kind.encode()]], dtype=object)
+    if handle is not None:
+        arrays[CONTEXT_PHASE_PARAMS] = np.array([[handle]], dtype=object)
+    responses: queue.Queue = queue.Queue()
+    grpc = grpcclient.InferenceServerClient(url)
+    grpc.start_stream(callback=lambda result, error: responses.put((result, error)))
+    text, handed = "", None
+    try:
+        grpc.async_stream_infer(model, client.infer_inputs(arrays), request_id=uuid.uuid4().hex,
+                                enable_empty_final_response=True)
+        while True:
+            result, error = responses.get(timeout=120)
+            if error is not None:
+                raise RuntimeError(str(error))
+            out = result.as_numpy("text_output")
+            if out is not None and out.size:
+                text += b"".join(out.reshape(-1)).decode()
+            params = result.as_numpy(CONTEXT_PHASE_PARAMS)
+            if params is not None and params.size and params.reshape(-1)[0]:
+                handed = params.reshape(-1)[0]
+            if result.get_response().parameters["triton_final_response"].bool_param:
+                return text, handed
+    finally:
+        grpc.stop_stream()
+        grpc.close()
+
+
+def test_forged_context_phase_params_fail_alone_and_leave_nothing_held(served):
+    """Issue 23, as an attacker who reaches the server: the phase models are client-facing, so a
+    client can call `context` itself, keep the handle, and send `generation` forged, altered,
+    replayed or oversized ones, and hostile sampling values. Each fails alone with a clear error
+    while good streams through `ensemble` finish with exactly their text, and no block is held."""
+    import json
+
+    url = served.server.grpc_url
+    first, raw = _call_phase(url, "context", PROMPTS[1], MAX_TOKENS)
+    assert raw is not None and first  # the attacker's own prompt: its first token and handle
+    handle = json.loads(raw)
+
+    def forged(**changes) -> bytes:
+        return json.dumps({**handle, **changes}).encode()
+
+    vocab = 10 ** 6
+    attacks = [
+        (forged(first_token=handle["first_token"] + 1), "not authenticated"),
+        (forged(slot=4095, nonce=1, blocks=[0, 1, 2, 3]), "not authenticated"),
+        (forged(prompt_token_ids=[vocab] * len(handle["prompt_token_ids"])), "not authenticated"),
+        (forged(location="tcp://203.0.113.9:7000"), "not authenticated"),
+        (forged(generator_state="zz"), "not authenticated"),
+        (forged(mac=""), "not authenticated"),
+        (forged(evil=1), "unknown field"),
+        (forged(slot="4095"), "malformed"),
+        (b"{not json", "malformed"),
+        (b" " * (8 << 20) + b"{}", "at most"),
+    ]
+    bad = [(lambda h=h: _call_phase(url, "generation", PROMPTS[1], MAX_TOKENS, handle=h), why)
+           for h, why in attacks]
+    # Hostile sampling values through the front door, in the same batches.
+    bad += [(lambda: "".join(client.stream_grpc(url, "hi", 4, end_id=vocab, min_tokens=2)), "end_id"),
+            (lambda: "".join(client.stream_grpc(url, "hi", 4, top_k=-5)), "top_k"),
+            (lambda: "".join(client.stream_grpc(url, "hi", 4, repetition_penalty=float("nan"))),
+             "repetition_penalty")]
+    good = [lambda p=p: "".join(client.stream_grpc(url, p, MAX_TOKENS)) for p in PROMPTS]
+    fail_alone(bad, good, [served.expected[p] for p in PROMPTS])
+    # The handle is the attacker's own request: taken once it continues that request (and gives
+    # the co-located text), a replay is refused.
+    text, _ = _call_phase(url, "generation", PROMPTS[1], MAX_TOKENS, handle=raw)
+    assert text == served.expected[PROMPTS[1]][len(first):]
+    with pytest.raises(RuntimeError, match="already used"):
+        _call_phase(url, "generation", PROMPTS[1], MAX_TOKENS, handle=raw)
+    assert "".join(client.stream_grpc(url, PROMPTS[2], MAX_TOKENS)) == served.expected[PROMPTS[2]]
+    assert wait_for(lambda: _idle(served)), {p: metrics(served, p) for p in PHASES}
+
+
 def test_handoff_nobody_takes_is_freed_after_its_deadline(served):
     """Last: the generation model goes away between the phases."""
     http = served.server.http_url
