@@ -94,6 +94,8 @@ def main(out: Path) -> int:
         ("parity with HF", lambda: [junit(out, "parity_tests.xml")] + parity(out)),
         ("decode attention bandwidth", lambda: bandwidth(out)),
         ("end-to-end decode throughput", lambda: e2e(out)),
+        ("TensorRT backend (--backend tensorrt)", lambda: [junit(out, "tensorrt_tests.xml")]),
+        ("TensorRT-LLM backend (--backend trtllm)", lambda: [junit(out, "trtllm_tests.xml")]),
     ]
     for title, make in sections:
         print(f"# {title}")
