@@ -26,6 +26,30 @@ from trtforge.serving.core.scheduler import EngineOverloaded
 from trtforge.serving.outputs import FinishReason
 
 _LIST_FIELDS = tuple(f.name for f in dataclasses.fields(SamplingParams) if "list" in str(f.type))
+_GUIDE_FIELDS = ("guided_decoding_guide_type", "guided_decoding_guide")  # the structured-output flags set them
+
+
+def _guide(json_schema: str | None, regex: str | None, grammar: str | None, json_object: bool,
+           structural_tag: str | None) -> dict[str, str]:
+    """The structured-output flags as SamplingParams fields; at most one may be given."""
+    given = [(kind, value) for kind, value in (("json_schema", json_schema), ("regex", regex),
+                                                ("ebnf_grammar", grammar), ("structural_tag", structural_tag))
+             if value is not None]
+    if json_object:
+        given.append(("json", None))
+    if len(given) > 1:
+        raise click.UsageError("give at most one of --json-schema, --regex, --grammar, --json-object, "
+                               "--structural-tag")
+    if not given:
+        return {}
+    kind, value = given[0]
+    if kind in ("json_schema", "ebnf_grammar", "structural_tag"):  # a file: schemas and grammars are long
+        try:
+            with open(value, encoding="utf-8") as f:
+                value = f.read()
+        except (OSError, UnicodeDecodeError) as exc:
+            raise click.BadParameter(f"cannot read {value}: {exc}") from None
+    return {"guided_decoding_guide_type": kind, "guided_decoding_guide": value}
 
 
 @click.group(context_settings={"help_option_names": ["-h", "--help"]})
@@ -39,8 +63,8 @@ main.add_command(build_engine, "build")
 
 @main.command("demo-checkpoint")
 @click.argument("directory", type=click.Path(file_okay=False))
-@click.option("--arch", type=click.Choice(["qwen2", "llama", "gpt2", "qwen3", "mistral"]), default="qwen2",
-              show_default=True)
+@click.option("--arch", type=click.Choice(["qwen2", "llama", "gpt2", "qwen3", "mistral", "phi3", "gemma2", "gemma3"]),
+              default="qwen2", show_default=True)
 @click.option("--size", type=click.Choice(["tiny", "0.5b"]), default="tiny", show_default=True,
               help="tiny: 2 layers, hidden 64. 0.5b: Qwen2.5-0.5B's shapes (≈2 GB in float32).")
 @click.option("--seed", type=int, default=0, show_default=True)
@@ -91,17 +115,29 @@ def _read_prompts(prompts: tuple[str, ...], prompts_file: str | None) -> list[di
 @click.option("--cuda-graphs", is_flag=True, help="Replay decode steps from CUDA graphs (--device cuda).")
 @click.option("--kv-cache-memory", default=None, help="Override the engine's KV budget, e.g. 1GiB.")
 @click.option("--schedule", multiple=True, metavar="KEY=VALUE", help="Override a scheduler parameter.")
-@dataclass_options(SamplingParams, exclude=_LIST_FIELDS + ("skip_special_tokens", "include_stop_str_in_output"))
+@click.option("--json-schema", type=click.Path(exists=True, dir_okay=False), metavar="FILE",
+              help="Structured output: every completion is JSON valid against this JSON Schema file.")
+@click.option("--regex", metavar="RE", help="Structured output: every completion matches this regular expression.")
+@click.option("--grammar", type=click.Path(exists=True, dir_okay=False), metavar="FILE",
+              help="Structured output: every completion follows this EBNF grammar file (rule `root`).")
+@click.option("--json-object", is_flag=True, help="Structured output: every completion is a JSON object.")
+@click.option("--structural-tag", type=click.Path(exists=True, dir_okay=False), metavar="FILE",
+              help="Structured output: xgrammar's structural-tag JSON, from this file.")
+@dataclass_options(SamplingParams,
+                   exclude=_LIST_FIELDS + _GUIDE_FIELDS + ("skip_special_tokens", "include_stop_str_in_output"))
 def generate(engine_dir: str, prompts: tuple[str, ...], prompts_file: str | None, stop: tuple[str, ...],
              bad_words: tuple[str, ...], as_json: bool, device: str, cuda_graphs: bool, kv_cache_memory: str | None,
-             schedule: tuple[str, ...], **sampling: Any) -> None:
+             schedule: tuple[str, ...], json_schema: str | None, regex: str | None, grammar: str | None,
+             json_object: bool, structural_tag: str | None, **sampling: Any) -> None:
     """Generate completions for all prompts together on the paged KV cache (greedy by default)."""
     from trtforge.config.runtime import RuntimeConfig
     from trtforge.serving.engine import LLMEngine
 
     items = _read_prompts(prompts, prompts_file)
+    guide = _guide(json_schema, regex, grammar, json_object, structural_tag)
     try:
-        base = SamplingParams(**pick(SamplingParams, sampling), stop=list(stop), bad_words=list(bad_words))
+        base = SamplingParams(**pick(SamplingParams, sampling), stop=list(stop), bad_words=list(bad_words),
+                              **guide)
         runtime = RuntimeConfig(device=device, kv_cache_memory=kv_cache_memory, cuda_graphs=cuda_graphs)
         engine = LLMEngine.from_engine_dir(engine_dir, runtime, **parse_schedule(schedule))
         params = [dataclasses.replace(base, max_tokens=int(it.get("max_tokens", base.max_tokens))) for it in items]

@@ -40,6 +40,13 @@ top_logprobs limit)."""
 MAX_CACHE_SALT_CHARS = 512
 """Longest `cache_salt`, in characters: room for a tenant's salt and a client's own (it is hashed
 once per request, into the prefix cache's root key)."""
+GUIDE_TYPES = ("json", "json_schema", "regex", "ebnf_grammar", "structural_tag")
+"""Kinds of structured output (TensorRT-LLM's `guided_decoding_guide_type` values): `json` any JSON
+object (no guide), `json_schema` a JSON Schema, `regex` a regular expression, `ebnf_grammar` an EBNF
+grammar (GBNF style, rule `root`), `structural_tag` xgrammar's structural-tag JSON."""
+MAX_GUIDE_CHARS = 64 * 1024
+"""Longest `guided_decoding_guide`, in characters: grammars are compiled at admission, on the engine
+thread, and cached; the cap bounds that work and the cache's memory whatever a client sends."""
 
 
 class _Encoder(Protocol):
@@ -130,6 +137,21 @@ class SamplingParams:
     from time-to-first-token that the other sent a prefix). None: the namespace of unsalted
     requests. A non-empty string of at most 512 characters."""
 
+    guided_decoding_guide_type: str | None = None
+    """Structured output (TensorRT-LLM's name): the kind of constraint every generated token must
+    keep, one of json, json_schema, regex, ebnf_grammar, structural_tag; None: unconstrained. The
+    engine compiles it at admission (xgrammar) and the sampler masks what the grammar forbids;
+    the request ends (finish reason "stop") when the grammar is complete and the model ends it."""
+
+    guided_decoding_guide: str | None = None
+    """The constraint's text: the JSON Schema (json_schema), the regular expression (regex), the
+    grammar (ebnf_grammar) or the structural tag (structural_tag); none for json. At most 64 KiB."""
+
+    @property
+    def is_guided(self) -> bool:
+        """True when a grammar constrains the output (structured output)."""
+        return self.guided_decoding_guide_type is not None
+
     @property
     def is_greedy(self) -> bool:
         """True when the next token is the argmax of the (processed) logits."""
@@ -159,6 +181,7 @@ class SamplingParams:
                 raise ValueError(
                     f"SamplingParams.{name}={_short_repr(value)} is invalid: it must be {expected}."
                 )
+        _check_guide(self.guided_decoding_guide_type, self.guided_decoding_guide)
         return self
 
     def check_vocab(self, vocab_size: int) -> "SamplingParams":
@@ -204,6 +227,27 @@ def _short_repr(value: object, limit: int = 200) -> str:
         return text
     size = f", {len(value)} items" if isinstance(value, (list, tuple)) else ""
     return f"{text[:limit]}... ({len(text)} characters{size})"
+
+
+def _check_guide(kind: str | None, guide: str | None) -> None:
+    """The pair (type, guide) must make sense together: a guide needs its type, and every type but
+    json needs a non-empty guide (json takes none, or an empty one, as TensorRT-LLM clients send)."""
+    if kind is None:
+        if guide is not None:
+            raise ValueError(
+                f"SamplingParams.guided_decoding_guide={_short_repr(guide, 80)} is given without "
+                f"guided_decoding_guide_type: say what it is, one of {', '.join(GUIDE_TYPES)}.")
+        return
+    if kind == "json":
+        if guide:
+            raise ValueError(
+                "SamplingParams.guided_decoding_guide is set for guided_decoding_guide_type='json' "
+                "(any JSON object), which takes no guide: send type 'json_schema' to constrain the "
+                "output to that schema, or leave the guide out.")
+    elif not guide:
+        raise ValueError(
+            f"SamplingParams.guided_decoding_guide is missing: guided_decoding_guide_type={kind!r} needs "
+            "the constraint's text (the JSON Schema, regular expression, EBNF grammar or structural tag).")
 
 
 def _is_int(value: object) -> bool:
@@ -263,6 +307,10 @@ _RULES = [
     ("ignore_eos", lambda v, p: _is_bool(v), "True or False"),
     ("include_stop_str_in_output", lambda v, p: _is_bool(v), "True or False"),
     ("skip_special_tokens", lambda v, p: _is_bool(v), "True or False"),
+    ("guided_decoding_guide_type", lambda v, p: v is None or v in GUIDE_TYPES,
+     f"None (unconstrained) or one of {', '.join(GUIDE_TYPES)}"),
+    ("guided_decoding_guide", lambda v, p: v is None or (isinstance(v, str) and len(v) <= MAX_GUIDE_CHARS),
+     f"None or a string of at most {MAX_GUIDE_CHARS} characters (64 KiB)"),
     ("cache_salt", lambda v, p: v is None or (isinstance(v, str) and 0 < len(v) <= MAX_CACHE_SALT_CHARS),
      f"None or a non-empty string of at most {MAX_CACHE_SALT_CHARS} characters"),
 ]

@@ -48,12 +48,14 @@ def ensemble_inputs(req: SamplingFields, prompt: str, max_tokens: int,
     if top_p == 0.0:
         top_p = TOP_P_MOST_LIKELY
     stops = [csv_field(word) for word in req.stop_list()]
+    guide_type, guide = req.guide()  # structured output: response_format / structured_outputs
     return request_arrays(
         prompt, max_tokens, stream=True, return_log_probs=True, exclude_input_in_output=True,
         temperature=OPENAI_TEMPERATURE if req.temperature is None else req.temperature,
         top_p=top_p, top_k=req.top_k, seed=req.seed, presence_penalty=req.presence_penalty,
         frequency_penalty=req.frequency_penalty, stop_words=stops or None,
-        min_tokens=max_tokens if req.ignore_eos else req.min_tokens, cache_salt=cache_salt)
+        min_tokens=max_tokens if req.ignore_eos else req.min_tokens, cache_salt=cache_salt,
+        guided_decoding_guide_type=guide_type, guided_decoding_guide=guide)
 
 
 @dataclass

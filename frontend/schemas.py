@@ -9,9 +9,10 @@ trtforge has no use for (`user`, `metadata`, ...); fields we know but cannot hon
 
 from __future__ import annotations
 
+import json
 from typing import Annotated, Any, Literal
 
-from pydantic import AfterValidator, BaseModel, ConfigDict, Field, field_validator
+from pydantic import AfterValidator, BaseModel, ConfigDict, Field, field_validator, model_validator
 
 INT32_MAX = (1 << 31) - 1
 UINT64_MAX = (1 << 64) - 1
@@ -56,6 +57,57 @@ class StreamOptions(BaseModel):
     include_usage: bool = False
 
 
+Guide = tuple[str | None, str | None]
+"""(guided_decoding_guide_type, guided_decoding_guide): what the ensemble's structured-output inputs
+receive; (None, None) for free text."""
+MAX_CHOICES = 256
+"""Most alternatives of `structured_outputs.choice`."""
+
+
+def choice_grammar(choices: list[str]) -> str:
+    """An EBNF grammar matching exactly one of `choices`: each alternative a string literal, escaped
+    as JSON escapes strings, which is how xgrammar's EBNF reads a literal too."""
+    return "root ::= " + " | ".join(json.dumps(c, ensure_ascii=False) for c in choices)
+
+
+class StructuredOutputs(BaseModel):
+    """vLLM's `structured_outputs` extra field: exactly one constraint on the generated text."""
+
+    model_config = ConfigDict(extra="ignore", populate_by_name=True)
+    json_: dict[str, Any] | Text | None = Field(None, alias="json", description=(
+        "A JSON Schema (object, or its JSON text) the output must be valid against."))
+    regex: Annotated[str, Field(min_length=1), AfterValidator(_utf8)] | None = Field(
+        None, description="A regular expression the whole output must match.")
+    choice: Annotated[list[Annotated[str, Field(min_length=1), AfterValidator(_utf8)]],
+                      Field(min_length=1, max_length=MAX_CHOICES)] | None = Field(
+        None, description=f"The output is exactly one of these strings (at most {MAX_CHOICES}).")
+    grammar: Annotated[str, Field(min_length=1), AfterValidator(_utf8)] | None = Field(
+        None, description="An EBNF grammar (xgrammar / GBNF style, rule `root`) the output follows.")
+    json_object: bool | None = Field(None, description="true: the output is any JSON object.")
+
+    @model_validator(mode="after")
+    def _exactly_one(self) -> "StructuredOutputs":
+        given = [name for name, value in (("json", self.json_), ("regex", self.regex), ("choice", self.choice),
+                                          ("grammar", self.grammar), ("json_object", self.json_object or None))
+                 if value is not None]
+        if len(given) != 1:
+            raise ValueError("structured_outputs takes exactly one of json, regex, choice, grammar, json_object "
+                             f"(got {', '.join(given) or 'none'})")
+        return self
+
+    def guide(self) -> Guide:
+        if self.json_ is not None:
+            schema = self.json_ if isinstance(self.json_, str) else json.dumps(self.json_)
+            return "json_schema", schema
+        if self.regex is not None:
+            return "regex", self.regex
+        if self.choice is not None:
+            return "ebnf_grammar", choice_grammar(self.choice)
+        if self.grammar is not None:
+            return "ebnf_grammar", self.grammar
+        return "json", None
+
+
 class SamplingFields(BaseModel):
     """What completions and chat completions share: the model and how to sample."""
 
@@ -91,6 +143,9 @@ class SamplingFields(BaseModel):
     cache_salt: CacheSalt | None = Field(None, description=(
         "Extension (as vLLM): the request's prefix-cache namespace; requests with different "
         f"salts never share cached prompt blocks. 1 to {MAX_CACHE_SALT_CHARS} characters."))
+    structured_outputs: StructuredOutputs | None = Field(None, description=(
+        "Extension (as vLLM): constrain the output to a JSON Schema, a regex, one of several choices "
+        "or an EBNF grammar (docs/serving.md, Structured output)."))
 
     @field_validator("n")
     @classmethod
@@ -115,6 +170,10 @@ class SamplingFields(BaseModel):
 
     def include_usage(self) -> bool:
         return bool(self.stream_options and self.stream_options.include_usage)
+
+    def guide(self) -> Guide:
+        """The structured-output constraint of this request (the ensemble's guided_decoding inputs)."""
+        return self.structured_outputs.guide() if self.structured_outputs is not None else (None, None)
 
 
 class CompletionRequest(SamplingFields):
@@ -186,9 +245,39 @@ class ChatMessage(BaseModel):
         return self.content or ""
 
 
+class JsonSchemaFormat(BaseModel):
+    """`response_format.json_schema`: the schema the answer must be valid against."""
+
+    model_config = ConfigDict(extra="ignore", populate_by_name=True)
+    name: str = Field(min_length=1, max_length=64, description="The schema's name (not used).")
+    description: str | None = None
+    schema_: dict[str, Any] | None = Field(None, alias="schema", description=(
+        "A JSON Schema object; left out: any JSON object."))
+    strict: bool | None = Field(None, description=(
+        "The schema is always enforced (as strict=true): no properties beyond the schema's."))
+
+
 class ResponseFormat(BaseModel):
+    """`response_format`: free text, any JSON object, or JSON valid against a schema."""
+
     model_config = ConfigDict(extra="ignore")
-    type: Literal["text"] = Field(description="Only plain text.")
+    type: Literal["text", "json_object", "json_schema"] = Field(description=(
+        "text (free text), json_object (any JSON object) or json_schema (the `json_schema` field's)."))
+    json_schema: JsonSchemaFormat | None = None
+
+    @model_validator(mode="after")
+    def _schema_given(self) -> "ResponseFormat":
+        if self.type == "json_schema" and self.json_schema is None:
+            raise ValueError('response_format type "json_schema" needs its json_schema: '
+                             '{"name": ..., "schema": {...}}')
+        return self
+
+    def guide(self) -> Guide:
+        if self.type == "json_object" or (self.type == "json_schema" and self.json_schema.schema_ is None):
+            return "json", None
+        if self.type == "json_schema":
+            return "json_schema", json.dumps(self.json_schema.schema_)
+        return None, None
 
 
 class ChatCompletionRequest(SamplingFields):
@@ -218,6 +307,19 @@ class ChatCompletionRequest(SamplingFields):
         if tools:
             raise ValueError("tools are not supported by trtforge; leave them out")
         return tools
+
+    @model_validator(mode="after")
+    def _one_constraint(self) -> "ChatCompletionRequest":
+        if (self.structured_outputs is not None and self.response_format is not None
+                and self.response_format.type != "text"):
+            raise ValueError("send either response_format (json_object / json_schema) or structured_outputs, "
+                             "not both")
+        return self
+
+    def guide(self) -> Guide:
+        if self.response_format is not None and self.response_format.type != "text":
+            return self.response_format.guide()
+        return super().guide()
 
     def token_limit(self) -> int | None:
         return self.max_completion_tokens or self.max_tokens

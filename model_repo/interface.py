@@ -56,6 +56,8 @@ INPUTS: tuple[TensorSpec, ...] = (
     _opt("stream", "TYPE_BOOL"),
     _opt("timeout_s", "TYPE_FP32"),
     _opt("cache_salt", "TYPE_STRING"),
+    _opt("guided_decoding_guide_type", "TYPE_STRING"),
+    _opt("guided_decoding_guide", "TYPE_STRING"),
 )
 
 OUTPUTS: tuple[TensorSpec, ...] = (

@@ -14,6 +14,10 @@ docs/serving.md:
 * `cache_salt` (a trtforge input, vLLM's field): the request's prefix-cache namespace; requests
   with different salts never share cached prompt blocks. A non-empty UTF-8 string of at most 512
   characters (SamplingParams.cache_salt).
+* `guided_decoding_guide_type` / `guided_decoding_guide` (TensorRT-LLM's structured output):
+  json, json_schema, regex, ebnf_grammar or structural_tag, and the schema / regex / grammar text
+  (none for json; at most 64 KiB). An empty type means none, as an unset optional input. The
+  engine compiles the guide at admission: one that does not compile is refused ("bad request").
 * `pad_id` and `length_penalty` are accepted and have no effect (packed batches have no padding;
   there is no beam search); `pad_id` must still be a token id >= 0. `beam_width` /
   `num_return_sequences` other than 1 and `return_context_logits` / `return_generation_logits`
@@ -109,6 +113,19 @@ def _token_id(inputs: Mapping[str, np.ndarray], name: str) -> int | None:
     return int(value)
 
 
+def _guide(inputs: Mapping[str, np.ndarray]) -> dict[str, str]:
+    """guided_decoding_guide_type / guided_decoding_guide as SamplingParams fields (validated
+    there: a known type, a guide where one is needed, its size)."""
+    out: dict[str, str] = {}
+    kind = _scalar(inputs, "guided_decoding_guide_type")
+    if kind is not None and _text(kind, "guided_decoding_guide_type").strip():
+        out["guided_decoding_guide_type"] = _text(kind, "guided_decoding_guide_type").strip().lower()
+    guide = _scalar(inputs, "guided_decoding_guide")
+    if guide is not None and (_text(guide, "guided_decoding_guide") or out):
+        out["guided_decoding_guide"] = _text(guide, "guided_decoding_guide")
+    return out
+
+
 def _refuse_unsupported(inputs: Mapping[str, np.ndarray]) -> None:
     for name in ("beam_width", "num_return_sequences"):
         value = _scalar(inputs, name)
@@ -153,6 +170,7 @@ def parse_request(inputs: Mapping[str, np.ndarray], exclude_input_default: bool 
     cache_salt = _scalar(inputs, "cache_salt")
     if cache_salt is not None:
         kwargs["cache_salt"] = _text(cache_salt, "cache_salt")
+    kwargs.update(_guide(inputs))
     return_log_probs = bool(_scalar(inputs, "return_log_probs") or False)
     if return_log_probs:
         kwargs["logprobs"] = 0

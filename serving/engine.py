@@ -40,6 +40,7 @@ from trtforge.serving.kv_connector import KVConnector, KVHandle, make_connector
 from trtforge.serving.outputs import FinishReason, RequestMetrics, RequestOutput
 from trtforge.serving.sampler import Sampler, SamplingState
 from trtforge.serving.stop_checker import StopChecker
+from trtforge.serving.structured_output import GrammarCompiler
 from trtforge.serving.worker.cuda_graphs import DEFAULT_BATCH_SIZES
 from trtforge.serving.worker.executor import Executor, make_executor
 from trtforge.serving.worker.model_inputs import prepare_inputs
@@ -156,6 +157,7 @@ class LLMEngine:
         self.requests_refused_total = 0
         self.requests_timed_out_total = 0
         self._deadlines: dict[str, float] = {}  # request id -> monotonic time it times out
+        self._grammars: GrammarCompiler | None = None  # built by the first structured-output request
 
     @classmethod
     def from_engine_dir(cls, path: str | Path, runtime: RuntimeConfig | None = None,
@@ -227,6 +229,8 @@ class LLMEngine:
             max_tokens = 1
         state = SamplingState(params=params, prompt_token_ids=ids, eos_token_ids=self._eos,
                               seed=handoff.seed if handoff is not None else None)
+        if params.is_guided:  # compiled here, never in a step; a bad grammar refuses this request only
+            state.grammar = self.grammar_compiler().matcher(params)
         req = _Request(rid, len(ids), state,
                        IncrementalDetokenizer(self.tokenizer, ids, params.skip_special_tokens),
                        StopChecker(self.scheduler_config.max_seq_len), RequestMetrics(arrival))
@@ -237,6 +241,8 @@ class LLMEngine:
             except (RuntimeError, ValueError) as exc:  # a state of another torch build
                 raise ValueError(f"the handoff's generator state cannot be restored: {exc}") from None
             state.output_token_ids.append(first)
+            if state.grammar is not None:  # the context side's grammar chose it: same position here
+                state.grammar.replay([first])
             req.cum_logprob, req.kv_handle = handoff.cum_logprob, handoff
             # Replay the first token (its text went out from the context side) so the detokenizer
             # and the stop checker hold exactly the state they would hold co-located.
@@ -257,6 +263,14 @@ class LLMEngine:
         if handoff is None:  # a handed-over prompt was computed (and counted) on the context side
             self.prompt_tokens_total += len(ids)
         return rid
+
+    def grammar_compiler(self) -> GrammarCompiler:
+        """The compiler of structured-output grammars for this engine's tokenizer and vocabulary
+        (padding included), with its LRU cache; built on first use (reading the vocabulary takes
+        a moment for a large one)."""
+        if self._grammars is None:
+            self._grammars = GrammarCompiler(self.tokenizer, self.engine_config.model.vocab_size, self._eos)
+        return self._grammars
 
     def poll(self) -> None:
         """Housekeeping between steps when idle: the connector frees handoffs taken or past their
@@ -395,10 +409,15 @@ class LLMEngine:
         m.token_times.append(now)
         req.sampling.output_token_ids.append(token)  # the engine's copy; the scheduler keeps its own
         self.generation_tokens_total += 1
+        grammar = req.sampling.grammar
+        if grammar is not None:  # structured output: advance the matcher (a refusal fails this request)
+            grammar.accept(token)
         if logprob is not None:
             req.cum_logprob += logprob[0]
         delta = req.detok.step([token])
         reason, text = req.stop.check(req.sampling, token, delta)
+        if reason is None and grammar is not None and grammar.is_terminated:
+            reason = FinishReason.STOP  # the grammar is complete and ended (ignore_eos or min_tokens aside)
         lps: list[float] | None = [logprob[0]] if logprob is not None else None
         tops: list[TopLogprobs] | None = [logprob[1]] if logprob is not None else None
         if reason is None and self.phase is Phase.CONTEXT:  # the prefill is done: hand it over

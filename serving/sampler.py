@@ -3,11 +3,17 @@
 Pipeline per row (the order matters and follows vLLM/HF):
 
     raw logits ─┬─▶ log_softmax ──────────────────────────────▶ logprobs (raw model distribution)
-                └─▶ bad words ▶ min_tokens ▶ repetition ▶ presence/frequency
+                └─▶ grammar ▶ bad words ▶ min_tokens ▶ repetition ▶ presence/frequency
                        ├─ temperature == 0 ─▶ argmax
                        └─ ÷ temperature ▶ top-k ▶ top-p ▶ min-p ▶ softmax ▶ draw with own generator
 
 A batch where every row is plain greedy (no penalties, masks) is one ``argmax`` call.
+
+Structured output: a row whose request has a grammar (``SamplingState.grammar``, compiled by the
+engine at admission) first gets the grammar's token bitmask (serving/structured_output.py): the
+tokens it forbids next are -inf before anything else looks at the logits, as in vLLM. Rows without
+one pay nothing, and a batch without any does no mask work at all. The sampler only reads the
+matcher; the engine advances it with the chosen token.
 
 One request never fails the batch: a row whose parameters the batched pipeline cannot take (a
 token id outside the vocabulary, a NaN temperature: what admission refuses, checked again here
@@ -26,10 +32,15 @@ from __future__ import annotations
 
 import random
 from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
 
 import torch
 
 from trtforge.config.sampling import SamplingParams
+from trtforge.serving.structured_output import apply_grammar_masks
+
+if TYPE_CHECKING:
+    from trtforge.serving.structured_output import RequestGrammar
 
 _NEG_INF = float("-inf")
 
@@ -53,6 +64,11 @@ class SamplingState:
     seed: int | None = None
     """Seed of the request's generator: ``params.seed``, or a random one drawn at creation and
     kept here so a run can be reproduced."""
+
+    grammar: RequestGrammar | None = None
+    """Structured output: the request's grammar matcher (the engine builds it at admission from
+    ``params.guided_decoding_guide_type``; None for an unconstrained request). The sampler masks
+    with it; the engine advances it with each token."""
 
     _generator: torch.Generator | None = field(default=None, init=False, repr=False)
     _checked: tuple[int, str | None] | None = field(default=None, init=False, repr=False)
@@ -93,6 +109,12 @@ class SamplingState:
             try:
                 self.params.validate().check_vocab(vocab_size)
                 error = None
+                if self.params.is_guided and self.grammar is None:
+                    error = ("structured output needs its grammar compiled: submit the request through "
+                             "the engine (LLMEngine.add_request), which builds it at admission")
+                elif self.grammar is not None and self.grammar.vocab_size not in (0, vocab_size):
+                    error = (f"the request's grammar was compiled for a vocabulary of {self.grammar.vocab_size} "
+                             f"tokens; the logits have {vocab_size}")
             except (ValueError, TypeError) as exc:
                 error = str(exc)
             self._checked = (vocab_size, error)
@@ -108,7 +130,7 @@ class SamplingState:
         """Greedy with nothing that changes the logits: eligible for the batched argmax."""
         p = self.params
         return (p.is_greedy and not p.has_penalties and not p.bad_words_ids
-                and not self.min_tokens_pending)
+                and not self.min_tokens_pending and self.grammar is None)
 
 
 @dataclass
@@ -220,9 +242,11 @@ def _merge(n: int, parts: list[tuple[int, SamplerOutput | str]]) -> SamplerOutpu
 
 
 def process_logits(logits: torch.Tensor, states: list[SamplingState]) -> torch.Tensor:
-    """A copy of ``logits`` [N, V] with bad words, min_tokens and the penalties applied: what
-    greedy rows take the argmax of and random rows go on to :func:`sampling_probs` with."""
+    """A copy of ``logits`` [N, V] with the grammars' masks, bad words, min_tokens and the
+    penalties applied: what greedy rows take the argmax of and random rows go on to
+    :func:`sampling_probs` with."""
     processed = logits.float().clone()
+    apply_grammar_masks(processed, states)  # first: a forbidden token stays -inf whatever follows
     _apply_bad_words(processed, states)
     _apply_min_tokens(processed, states)
     _apply_penalties(processed, states)
@@ -250,14 +274,17 @@ def _apply_bad_words(logits: torch.Tensor, states: list[SamplingState]) -> None:
 
 
 def _apply_min_tokens(logits: torch.Tensor, states: list[SamplingState]) -> None:
-    """Forbid EOS and stop tokens until ``min_tokens`` tokens exist."""
+    """Forbid EOS and stop tokens until ``min_tokens`` tokens exist. On a row with a grammar, the
+    grammar decides when EOS may come (it allows EOS only once it is complete, and then nothing
+    else but what may continue it): only the stop tokens wait."""
     rows, cols = [], []
     vocab = logits.shape[1]
     for i, state in enumerate(states):
         if not state.min_tokens_pending:
             continue
         banned = set(state.params.stop_token_ids)
-        if not state.params.ignore_eos:  # an EOS id beyond the logits can never be drawn anyway
+        # (an EOS id beyond the logits can never be drawn anyway)
+        if not state.params.ignore_eos and state.grammar is None:
             banned.update(t for t in state.eos_token_ids if 0 <= t < vocab)
         rows += [i] * len(banned)
         cols += sorted(banned)
@@ -311,8 +338,9 @@ def _count(id_lists, vocab: int, device: torch.device) -> torch.Tensor:
     return counts[:, :vocab]
 
 
-_NOTHING_TO_SAMPLE = ("no token can be sampled: every token of the vocabulary is masked (bad_words_ids, "
-                      "or stop_token_ids / EOS while min_tokens is pending) or the logits are not finite")
+_NOTHING_TO_SAMPLE = ("no token can be sampled: every token of the vocabulary is masked (the structured "
+                      "output grammar with bad_words_ids, bad_words_ids, or stop_token_ids / EOS while "
+                      "min_tokens is pending) or the logits are not finite")
 
 
 def _choose(logits: torch.Tensor, states: list[SamplingState], checks: list[_Check]) -> torch.Tensor:

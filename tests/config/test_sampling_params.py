@@ -44,6 +44,7 @@ def test_every_field_is_documented():
     ("repetition_penalty", 1e300), ("presence_penalty", float("nan")), ("logprobs", 21),
     ("ignore_eos", "yes"), ("skip_special_tokens", None), ("include_stop_str_in_output", 1),
     ("cache_salt", ""), ("cache_salt", 7), ("cache_salt", ["a"]),
+    ("guided_decoding_guide_type", "xml"), ("guided_decoding_guide_type", ["json"]), ("guided_decoding_guide", 7),
 ])
 def test_validate_names_field_and_value(field, value):
     params = dataclasses.replace(SamplingParams(), **{field: value})
@@ -58,6 +59,7 @@ def test_validate_names_field_and_value(field, value):
     ("stop_token_ids", list(range(1025)), "at most 1024"), ("bad_words", ["w"] * 257, "at most 256"),
     ("bad_words", ["w" * 129], "at most 128 characters"), ("bad_words_ids", [[1]] * 513, "at most 512"),
     ("bad_words_ids", [[1] * 1025], "1 to 1024"), ("cache_salt", "s" * 513, "at most 512 characters"),
+    ("guided_decoding_guide", "g" * (64 * 1024 + 1), "at most 65536 characters"),
 ])
 def test_sizes_are_bounded(field, value, bound):
     params = dataclasses.replace(SamplingParams(), **{field: value})

@@ -12,6 +12,7 @@ from __future__ import annotations
 import dataclasses
 import json
 import logging
+import re
 import shutil
 import socket
 import urllib.error
@@ -375,6 +376,47 @@ def _leave_non_streamed(api: Api, body: dict) -> float:
         assert wait_for(lambda: api.serve.metric("trtforge_generation_tokens_total") > before)
     assert wait_for(lambda: api.serve.metric("trtforge_requests_running") == 0)
     return api.serve.metric("trtforge_generation_tokens_total") - before
+
+
+def test_structured_output_json_schema_regex_and_choice(api):
+    """`response_format` json_schema (chat) and vLLM's `structured_outputs` regex / choice
+    (completions, chat) through Triton's guided_decoding inputs: the answers follow their
+    constraint, equal the in-process engine's greedy output under the same guide, and a schema
+    that cannot compile is a 400 naming the guide."""
+    import jsonschema
+
+    schema = {"type": "object", "additionalProperties": False, "required": ["city", "rooms", "pets"],
+              "properties": {"city": {"type": "string", "maxLength": 10},
+                             "rooms": {"type": "integer", "minimum": 1, "maximum": 9},
+                             "pets": {"type": "array", "maxItems": 2, "items": {"enum": ["cat", "dog"]}}}}
+    messages = CHATS[0]
+    want = api.greedy(api.chat_prompt(messages), max_tokens=200, guided_decoding_guide_type="json_schema",
+                      guided_decoding_guide=json.dumps(schema))
+    fmt = {"type": "json_schema", "json_schema": {"name": "flat", "schema": schema, "strict": True}}
+    got = api.client.chat.completions.create(model=NAME, messages=messages, temperature=0, max_tokens=200,
+                                             response_format=fmt)
+    content = got.choices[0].message.content
+    jsonschema.validate(json.loads(content), schema)
+    assert (content, got.choices[0].finish_reason) == (want.text, "stop")
+    text, _ = _stream_text(api.client.chat.completions.create(
+        model=NAME, messages=messages, temperature=0.9, seed=5, max_tokens=200, stream=True, response_format=fmt))
+    jsonschema.validate(json.loads(text), schema)
+
+    regex = r"[A-Z][a-z]{2,6} [0-9]{2}"
+    want = api.greedy(PROMPTS[0], max_tokens=30, guided_decoding_guide_type="regex", guided_decoding_guide=regex)
+    got = api.client.completions.create(model=NAME, prompt=PROMPTS[0], max_tokens=30, temperature=0,
+                                        extra_body={"structured_outputs": {"regex": regex}})
+    assert re.fullmatch(regex, got.choices[0].text) and got.choices[0].text == want.text
+    choices = ["red", "green", 'a "quoted" blue']
+    answers = {api.client.chat.completions.create(
+        model=NAME, messages=messages, temperature=1.0, seed=seed, max_tokens=20,
+        extra_body={"structured_outputs": {"choice": choices}}).choices[0].message.content for seed in range(6)}
+    assert answers <= set(choices) and answers
+
+    with pytest.raises(openai.BadRequestError) as info:
+        api.client.chat.completions.create(model=NAME, messages=messages, max_tokens=20, response_format={
+            "type": "json_schema", "json_schema": {"name": "bad", "schema": {"type": "nonsense"}}})
+    assert "cannot be compiled" in info.value.message and "guided_decoding_guide" in info.value.message
 
 
 def test_triton_gone_503_no_chat_template_400_and_a_bug_500(api, tmp_path, caplog):

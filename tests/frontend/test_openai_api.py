@@ -3,6 +3,8 @@ by the model's own request parser), error mapping, usage and finish reasons, the
 
 from __future__ import annotations
 
+import json
+
 import numpy as np
 import pytest
 from hypothesis import given, settings, strategies as st
@@ -77,9 +79,54 @@ def test_chat_request_limits():
                                                  "max_completion_tokens": 7}).token_limit() == 7
     for fields in ({"top_logprobs": 2}, {"tools": [{"type": "function"}]}, {"messages": []},
                    {"messages": [{"role": "user", "content": [{"type": "image_url"}]}]},
-                   {"response_format": {"type": "json_object"}}):
+                   {"response_format": {"type": "json_object"}, "structured_outputs": {"regex": "a"}},
+                   {"response_format": {"type": "json_schema"}}, {"response_format": {"type": "xml"}}):
         with pytest.raises(ValidationError):
             ChatCompletionRequest.model_validate({**ok, **fields})
+
+
+CHAT = {"model": "m", "messages": [{"role": "user", "content": "hi"}]}
+SCHEMA = {"type": "object", "properties": {"n": {"type": "integer"}}, "required": ["n"]}
+
+
+@pytest.mark.parametrize("fields, kind, guide", [
+    ({}, None, None),
+    ({"response_format": {"type": "text"}}, None, None),
+    ({"response_format": {"type": "json_object"}}, "json", None),
+    ({"response_format": {"type": "json_schema",
+                          "json_schema": {"name": "n", "schema": SCHEMA, "strict": True}}}, "json_schema", SCHEMA),
+    ({"response_format": {"type": "json_schema", "json_schema": {"name": "any"}}}, "json", None),
+    ({"structured_outputs": {"json": SCHEMA}}, "json_schema", SCHEMA),
+    ({"structured_outputs": {"json": '{"type": "array"}'}}, "json_schema", {"type": "array"}),
+    ({"structured_outputs": {"regex": "[0-9]{3}"}}, "regex", "[0-9]{3}"),
+    ({"structured_outputs": {"choice": ["yes", 'say "no"', "ü\\n"]}}, "ebnf_grammar",
+     'root ::= "yes" | "say \\"no\\"" | "ü\\\\n"'),
+    ({"structured_outputs": {"grammar": 'root ::= "a" | "b"'}}, "ebnf_grammar", 'root ::= "a" | "b"'),
+    ({"structured_outputs": {"json_object": True}}, "json", None),
+    ({"response_format": {"type": "text"}, "structured_outputs": {"regex": "a"}}, "regex", "a"),
+])
+def test_structured_output_fields_reach_the_ensemble(fields, kind, guide):
+    """response_format and vLLM's structured_outputs become the ensemble's guided_decoding inputs,
+    read back by the model's own request parser."""
+    p = parse_request(ensemble_inputs(ChatCompletionRequest.model_validate({**CHAT, **fields}), "hi", 8)).params
+    got = p.guided_decoding_guide
+    if kind in ("json_schema",):
+        got = json.loads(got)
+    assert (p.guided_decoding_guide_type, got or None) == (kind, guide)
+    if "structured_outputs" in fields:  # the same field on the legacy completions API
+        body = CompletionRequest.model_validate({"model": "m", "prompt": "x", **fields})
+        assert parse_request(ensemble_inputs(body, "x", 8)).params.guided_decoding_guide_type == kind
+
+
+@pytest.mark.parametrize("structured, words", [
+    ({}, "exactly one of"), ({"regex": "a", "choice": ["b"]}, "got regex, choice"),
+    ({"choice": []}, "at least 1 item"), ({"regex": ""}, "at least 1 character"),
+    ({"choice": ["a"] * 257}, "at most 256 items"),
+])
+def test_bad_structured_outputs_are_refused(structured, words):
+    with pytest.raises(ValidationError) as info:
+        CompletionRequest.model_validate({"model": "m", "prompt": "x", "structured_outputs": structured})
+    assert any(words in e["msg"] for e in info.value.errors()), info.value.errors()
 
 
 @pytest.mark.parametrize("message, status", [

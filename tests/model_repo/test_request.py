@@ -59,6 +59,37 @@ def test_stop_and_bad_words_are_csv_lines():
     assert parse_words(None, "stop_words") == []
 
 
+def test_guided_decoding_inputs_become_the_guide():
+    """TensorRT-LLM's structured-output inputs; an empty type is no constraint (an unset input)."""
+    schema = '{"type": "object", "properties": {"a": {"type": "integer"}}}'
+    p = parse_request(request_arrays("x", 2, guided_decoding_guide_type="json_schema",
+                                     guided_decoding_guide=schema)).params
+    assert (p.guided_decoding_guide_type, p.guided_decoding_guide, p.is_guided) == ("json_schema", schema, True)
+    p = parse_request(request_arrays("x", 2, guided_decoding_guide_type="REGEX ",
+                                     guided_decoding_guide="[a-z]+ ü")).params
+    assert (p.guided_decoding_guide_type, p.guided_decoding_guide) == ("regex", "[a-z]+ ü")
+    p = parse_request(request_arrays("x", 2, guided_decoding_guide_type="json", guided_decoding_guide="")).params
+    assert (p.guided_decoding_guide_type, p.guided_decoding_guide) == ("json", "")
+    p = parse_request(request_arrays("x", 2, guided_decoding_guide_type="", guided_decoding_guide="")).params
+    assert not p.is_guided and p.guided_decoding_guide is None
+    assert not parse_request(request_arrays("x", 2)).params.is_guided
+
+
+@pytest.mark.parametrize("options, message", [
+    ({"guided_decoding_guide_type": "xml", "guided_decoding_guide": "<a/>"},
+     "guided_decoding_guide_type='xml' is invalid: it must be None .*json, json_schema, regex"),
+    ({"guided_decoding_guide_type": "json_schema"}, "guided_decoding_guide is missing"),
+    ({"guided_decoding_guide_type": "regex", "guided_decoding_guide": ""}, "guided_decoding_guide is missing"),
+    ({"guided_decoding_guide": "[a-z]+"}, "without guided_decoding_guide_type"),
+    ({"guided_decoding_guide_type": "ebnf_grammar", "guided_decoding_guide": "r" * (64 * 1024 + 1)},
+     "at most 65536 characters"),
+    ({"guided_decoding_guide_type": "regex", "guided_decoding_guide": ["a", "b"]}, "send one value per request"),
+])
+def test_bad_guided_decoding_inputs_say_what_is_wrong(options, message):
+    with pytest.raises(ValueError, match=message):
+        parse_request(request_arrays("x", 2, **options))
+
+
 @pytest.mark.parametrize("arrays, message", [
     (request_arrays("x", 0), "max_tokens=0"),
     (request_arrays("x", 4, min_tokens=5), "min_tokens=5"),

@@ -73,7 +73,11 @@ def _tokens(outs) -> list[int]:
     dict(max_tokens=12, ignore_eos=True),
     dict(max_tokens=12, ignore_eos=True, temperature=0.9, top_p=0.9, seed=1234),
     dict(max_tokens=9, ignore_eos=True, temperature=1.3, seed=7, repetition_penalty=1.2, logprobs=1),
-], ids=["greedy", "seeded", "seeded-penalties-logprobs"])
+    # structured output: the generation side's matcher resumes after the context side's first token
+    dict(max_tokens=40, temperature=1.0, seed=3, guided_decoding_guide_type="json_schema",
+         guided_decoding_guide='{"type": "object", "properties": {"n": {"type": "integer", "minimum": 0, '
+                               '"maximum": 99}, "w": {"enum": ["ab", "cd"]}}, "required": ["n", "w"]}'),
+], ids=["greedy", "seeded", "seeded-penalties-logprobs", "json-schema"])
 def test_disaggregated_equals_colocated(engine_dir, phases, sampling):
     ctx, gen = phases
     params = [SamplingParams(**sampling) for _ in PROMPTS]
