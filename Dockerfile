@@ -33,6 +33,7 @@ COPY builder ./builder
 COPY serving ./serving
 COPY model_repo ./model_repo
 COPY frontend ./frontend
+COPY dynamo_backend ./dynamo_backend
 COPY bench ./bench
 COPY cli ./cli
 

@@ -173,10 +173,12 @@ def _add_optional_commands() -> None:
     """Sub-commands living next to what they drive: ONNX/TensorRT (builder), benchmarks (here), and
     the Triton side (model_repo, a later stage: reached only from this entry point, lazily)."""
     from trtforge.cli.bench import bench
+    from trtforge.cli.dynamo import dynamo_worker_command
     from trtforge.cli.onnx import export_onnx_cmd, verify_onnx_cmd
     from trtforge.cli.triton import client_command, emit_repo_command, serve_command
 
-    for cmd in (emit_repo_command, serve_command, client_command, export_onnx_cmd, verify_onnx_cmd, bench):
+    for cmd in (emit_repo_command, serve_command, client_command, export_onnx_cmd, verify_onnx_cmd, bench,
+                dynamo_worker_command):
         main.add_command(cmd)
 
 

@@ -9,3 +9,6 @@ if [ ! -x .venv/bin/python ]; then
 fi
 .venv/bin/python -m pip install --quiet --disable-pip-version-check --upgrade pip
 .venv/bin/python -m pip install --quiet --disable-pip-version-check -c constraints/dev.txt -e ".[dev]"
+# NVIDIA Dynamo's Python package without its dependency list (its planner's `aisimulate` is served
+# only by NVIDIA's index); what `trtforge dynamo-worker` needs of it comes with the `dynamo` extra.
+.venv/bin/python -m pip install --quiet --disable-pip-version-check -c constraints/dev.txt --no-deps ai-dynamo

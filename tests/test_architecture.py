@@ -18,7 +18,8 @@ import pytest
 
 ROOT = Path(__file__).resolve().parents[1]
 LINT_IMPORTS = Path(sys.executable).parent / "lint-imports"
-STAGES = ("config", "plugins", "models", "builder", "serving", "model_repo", "frontend", "bench", "cli")
+STAGES = ("config", "plugins", "models", "builder", "serving", "model_repo", "frontend", "dynamo_backend", "bench",
+          "cli")
 
 
 def _lint(cwd: Path, pythonpath: Path | None = None) -> subprocess.CompletedProcess:

@@ -24,6 +24,7 @@ def test_wheel_has_no_generic_top_level_names(tmp_path):
                    "trtforge/serving/core/scheduler.py",
                    "trtforge/model_repo/emit.py", "trtforge/model_repo/python_models/engine.py",
                    "trtforge/model_repo/python_models/router.py", "trtforge/frontend/server.py",
+                   "trtforge/dynamo_backend/worker.py",
                    "trtforge/bench/offline.py", "trtforge/cli/main.py",
                    # the native CPU kernels' sources, built at first use
                    "trtforge/plugins/cpu/fused.c", "trtforge/plugins/cpu/linear.c",
@@ -35,7 +36,8 @@ def test_wheel_has_no_generic_top_level_names(tmp_path):
 
 
 def test_generic_names_not_importable_outside_the_repo():
-    stages = ("config", "models", "builder", "serving", "plugins", "model_repo", "frontend", "bench", "cli")
+    stages = ("config", "models", "builder", "serving", "plugins", "model_repo", "frontend", "dynamo_backend", "bench",
+              "cli")
     code = ("import importlib.util, sys; import trtforge.serving.engine; "
             f"sys.exit(any(importlib.util.find_spec(m) for m in {stages!r}))")
     result = subprocess.run([sys.executable, "-c", code], cwd="/", capture_output=True, text=True)

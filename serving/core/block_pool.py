@@ -22,7 +22,7 @@ from __future__ import annotations
 
 import itertools
 from collections import OrderedDict
-from typing import Iterable
+from typing import Callable, Iterable
 
 
 class BlockPool:
@@ -43,6 +43,8 @@ class BlockPool:
         self._cached: dict[bytes, int] = {}  # key -> block id
         self.num_evictions = 0
         """Cached blocks whose hash was dropped because the block was reused."""
+        self.on_evict: Callable[[bytes], None] | None = None
+        """Called with the key of each cached block evicted (kv_events: BlockRemoved)."""
 
     @property
     def num_free(self) -> int:
@@ -71,6 +73,8 @@ class BlockPool:
                 self.block_hash[block] = None
                 self._content[block], self._content_id[block] = None, 0
                 self.num_evictions += 1
+                if self.on_evict is not None:
+                    self.on_evict(h)
             self.ref_counts[block] = 1
             blocks.append(block)
         return blocks

@@ -29,6 +29,7 @@ from collections import Counter
 from dataclasses import dataclass, field
 
 from trtforge.serving.core.block_pool import BlockPool
+from trtforge.serving.core.kv_events import KVEventLog
 from trtforge.serving.core.sequence import SeqId, Sequence
 
 ROOT_KEY = hashlib.sha256(b"trtforge prefix cache v1").digest()
@@ -109,6 +110,15 @@ class KVCacheManager:
         """Tokens of admitted sequences looked up in the prefix cache."""
         self.num_hit_tokens = 0
         """Tokens of admitted sequences served from the prefix cache."""
+        self.events: KVEventLog | None = None
+        """What the prefix cache gains and loses (kv_events.py), once `enable_events` is called."""
+
+    def enable_events(self, capacity: int = 1 << 16) -> KVEventLog:
+        """Start logging the prefix cache's stored and removed blocks (for a KV-aware router)."""
+        if self.events is None:
+            self.events = KVEventLog(capacity)
+            self.pool.on_evict = self.events.removed
+        return self.events
 
     # ---- counters -------------------------------------------------------------------------
     @property
@@ -213,12 +223,17 @@ class KVCacheManager:
         tokens, bs = seq.all_token_ids, self.block_size
         for i in range(chain.num_blocks, num_full):
             packed = pack_tokens(tokens[i * bs:(i + 1) * bs])
-            chain.key = block_key(chain.key, packed)
-            chain.content_id = self.pool.register(seq.block_table[i], chain.key, chain.content_id,
-                                                  packed)
+            parent, chain.key = chain.key, block_key(chain.key, packed)
+            block = seq.block_table[i]
+            indexed = self.pool.block_hash[block] is not None
+            chain.content_id = self.pool.register(block, chain.key, chain.content_id, packed)
             chain.num_blocks = i + 1
             if chain.content_id is None:
                 return
+            if self.events is not None and not indexed and self.pool.block_hash[block] == chain.key:
+                # Newly indexed (not a duplicate of a block another sequence computed at once).
+                self.events.stored(chain.key, parent if i else None, tokens[i * bs:(i + 1) * bs],
+                                   seq.cache_salt)
 
     def free(self, seq: Sequence) -> None:
         """Release all of `seq`'s blocks (cached ones stay revivable) and empty its table."""
