@@ -10,11 +10,13 @@ each weight [N, K] is rewritten once into panels of 16 output features, k-major
 (`pack_reference` is the layout in torch); the kernel's register tiles (8 rows x 32 features on
 AVX-512, 6 x 16 on AVX2) then read each weight vector once per tile and reuse it for every row of
 the tile, so a decode step streams the weights once and the FMAs of a tile never wait on each
-other; prefill-sized products are blocked like any GEMM (linear.c's header). Measured on a 2-vCPU
-Intel Xeon (AVX-512; one core's FMA peak 156 GFLOP/s), one thread, [64 x 4864] x [4864 x 896]:
-125 GFLOP/s, where the dot-product GEMV this replaces ran a 16-row decode step's linears at
-~60 GFLOP/s and oneDNN at ~55; whole decode steps before and after: docs/benchmarks.md
-("Batched decode"), from scripts/profile_decode.py.
+other; more rows are blocked like any GEMM, in (rows x columns) work units that keep their partial
+sums in L2 and go to whichever thread is free (linear.c's header, with the measurements). Measured
+on a 2-vCPU Intel Xeon (AVX-512) shared with other work, 2 threads, scripts/bench_linear.py: the
+linears of a decode step of 1-8 rows run 1.1-3.7x oneDNN's speed (memory-bound: the weights stream
+once), 16-128 rows 1.0-2.1x, 256-2048 rows about even with oneDNN (0.94-1.15x; gate+up, 896 x 9728,
+2048 rows: 184 GFLOP/s, oneDNN 160, the previous loop order 137). Whole decode steps:
+docs/benchmarks.md ("Batched decode"), from scripts/profile_decode.py.
 
 Packing copies the weights once, into anonymous memory instead of the page cache's mapping of the
 engine file: ~0.8 s per GB on 2 shared cores, mostly the first touch of the new pages (advising

@@ -1,7 +1,8 @@
 """The CPU linear layer (plugins/cpu/linear.py): the packed C GEMM, built for every ISA this CPU runs
 (AVX-512, AVX2, portable), against F.linear in float64 on shapes that leave remainders everywhere:
 rows not a multiple of the register tile, N not a multiple of a panel pair, K not a multiple of
-the vector width, more rows than one chunk with K past one K block."""
+the vector width, more rows than one chunk with K past one K block, more tiles than one column
+block, 1 to 3 threads."""
 
 from __future__ import annotations
 
@@ -49,6 +50,21 @@ def test_packed_linear_matches_f_linear(lib, rows, n, k, bias):
     b = torch.randn(n, generator=g) if bias else None
     got = cpu_linear.packed_linear(x, cpu_linear.pack(w, lib), b, n, lib)
     torch.testing.assert_close(got, _reference(x, w, b), atol=1e-4, rtol=1e-5)
+
+
+@pytest.mark.parametrize("threads", [1, 3])
+@pytest.mark.parametrize("rows", [8, 9, 23, 24, 25, 72, 73, 96, 97, 193])
+@pytest.mark.parametrize("n,k", [(517, 129), (40, 257)])
+def test_packed_linear_blocking_edges(lib, rows, n, k, threads):
+    """Every edge of the blocked path: rows at and past DIRECT_ROWS and each ISA's chunk (MC: 24,
+    72, 96 rows), K one past a K block (balanced blocks), more tiles than one column block (517
+    columns: 17 tiles of 32, 33 of 16) with a partial last one, and more threads than work units."""
+    g = torch.Generator().manual_seed(rows * 7 + n + threads)
+    w, x, b = torch.randn(n, k, generator=g), torch.randn(rows, k, generator=g), torch.randn(n, generator=g)
+    packed = cpu_linear.pack(w, lib)
+    y = torch.full((rows, n), float("nan"))
+    lib.trtforge_packed_linear(x.data_ptr(), rows, packed.data_ptr(), b.data_ptr(), y.data_ptr(), n, k, threads)
+    torch.testing.assert_close(y, _reference(x, w, b), atol=1e-4, rtol=1e-5)
 
 
 def test_a_layer_packs_at_load_and_drops_its_dense_weight():
