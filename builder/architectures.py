@@ -1,6 +1,7 @@
 """Weight tables: how each Hugging Face family's tensors map onto trtforge's one generic decoder.
 
-A new architecture is a new table and a few flags, not a new model file. Each rule
+A new architecture is a new table and a few flags, not a new model file (the flags: ModelConfig,
+read from the HF config in hf_config.py). Each rule
 names our tensor, the HF tensors it is made from (`{i}` = layer index) and how they combine:
 
     concat   rows of several HF Linear weights stacked (fused q|k|v, fused gate|up)
@@ -62,6 +63,36 @@ _ROPE_LAYER = (
     _R("mlp.down.bias", (_P + "mlp.down_proj.bias",), when="mlp_bias"),
 )
 
+# Phi-3 stores q|k|v and gate|up already fused, in the row order of ours (q heads, k heads, v heads;
+# gate rows, then up rows: Phi3MLP's chunk(2)), so they are copied as they are.
+_PHI3_LAYER = (
+    _R("input_norm.weight", (_P + "input_layernorm.weight",)),
+    _R("attn.qkv.weight", (_P + "self_attn.qkv_proj.weight",)),
+    _R("attn.o_proj.weight", (_P + "self_attn.o_proj.weight",)),
+    _R("post_attn_norm.weight", (_P + "post_attention_layernorm.weight",)),
+    _R("mlp.gate_up.weight", (_P + "mlp.gate_up_proj.weight",)),
+    _R("mlp.down.weight", (_P + "mlp.down_proj.weight",)),
+)
+
+# Gemma 2/3: four norms per layer (sandwich_norm). HF's post_attention_layernorm normalises the
+# attention output (ours: attn_out_norm); its pre_feedforward_layernorm is the MLP's input norm (ours:
+# post_attn_norm, Llama's post_attention_layernorm); post_feedforward_layernorm the MLP output's.
+_GEMMA_LAYER = (
+    _R("input_norm.weight", (_P + "input_layernorm.weight",)),
+    _R("attn.qkv.weight", tuple(_P + f"self_attn.{x}_proj.weight" for x in "qkv"), "concat"),
+    _R("attn.qkv.bias", tuple(_P + f"self_attn.{x}_proj.bias" for x in "qkv"), "concat",
+       when="qkv_bias"),
+    _R("attn.q_norm.weight", (_P + "self_attn.q_norm.weight",), when="qk_norm"),
+    _R("attn.k_norm.weight", (_P + "self_attn.k_norm.weight",), when="qk_norm"),
+    _R("attn.o_proj.weight", (_P + "self_attn.o_proj.weight",)),
+    _R("attn.o_proj.bias", (_P + "self_attn.o_proj.bias",), when="o_bias"),
+    _R("attn_out_norm.weight", (_P + "post_attention_layernorm.weight",)),
+    _R("post_attn_norm.weight", (_P + "pre_feedforward_layernorm.weight",)),
+    _R("mlp.gate_up.weight", (_P + "mlp.gate_proj.weight", _P + "mlp.up_proj.weight"), "concat"),
+    _R("mlp.down.weight", (_P + "mlp.down_proj.weight",)),
+    _R("mlp_out_norm.weight", (_P + "post_feedforward_layernorm.weight",)),
+)
+
 _G = "transformer.h.{i}."
 _GPT2_GLOBALS = (
     _R("embed_tokens.weight", ("transformer.wte.weight",)),
@@ -92,6 +123,9 @@ ARCHITECTURES: dict[str, ArchSpec] = {
                                  qkv_bias=True),
     "Qwen3ForCausalLM": ArchSpec("Qwen3ForCausalLM", "qwen3", _ROPE_GLOBALS, _ROPE_LAYER,
                                  qk_norm=True),
+    "Phi3ForCausalLM": ArchSpec("Phi3ForCausalLM", "phi3", _ROPE_GLOBALS, _PHI3_LAYER),
+    "Gemma2ForCausalLM": ArchSpec("Gemma2ForCausalLM", "gemma2", _ROPE_GLOBALS, _GEMMA_LAYER),
+    "Gemma3ForCausalLM": ArchSpec("Gemma3ForCausalLM", "gemma3", _ROPE_GLOBALS, _GEMMA_LAYER, qk_norm=True),
     "GPT2LMHeadModel": ArchSpec("GPT2LMHeadModel", "gpt2", _GPT2_GLOBALS, _GPT2_LAYER,
                                 hf_prefixes=("transformer.",)),
 }

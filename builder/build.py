@@ -59,7 +59,11 @@ def build_engine(checkpoint: str, output: str | Path, build: BuildConfig, force:
     hf = ckpt_mod.load_hf_config(src)
     model = model_config_from_hf(hf)
     model.eos_token_ids = _eos_ids(src, model.eos_token_ids)
-    build.validate(model.max_position_embeddings, model.sliding_window)
+    build.validate(model.max_position_embeddings, model.sliding_window, model.rope_max_seq_len)
+    if model.attn_logit_softcapping and build.backend == "tensorrt":
+        raise BuildError(f"--backend tensorrt cannot build {model.architecture}: it soft-caps its attention "
+                         f"scores (attn_logit_softcapping {model.attn_logit_softcapping}), which the TensorRT "
+                         f"PagedAttention plugin does not take. Build with --backend torch.")
     ckpt_mod.check_tokenizer(src)
     dtype = resolve_dtype(build.dtype, model)
     quant = _quantization(build, model)

@@ -28,7 +28,8 @@ class BuildConfig:
     max_num_tokens: int = 2048
     """Most tokens (prefill chunks + decode tokens) in one iteration."""
     max_seq_len: int | None = None
-    """Longest sequence (prompt + output); default: the model's max_position_embeddings (or its sliding window)."""
+    """Longest sequence (prompt + output); default: the model's max_position_embeddings (or its smallest sliding
+    window, or a LongRoPE model's original_max_position_embeddings)."""
     kv_block_size: int = 16
     """Tokens per KV-cache block (page)."""
     kv_cache_memory: str = "2GiB"
@@ -76,8 +77,11 @@ class BuildConfig:
         except ValueError as exc:
             raise BuildError(str(exc)) from None
 
-    def validate(self, max_position_embeddings: int, sliding_window: int | None) -> "BuildConfig":
-        """Check the options against each other and the model; fill max_seq_len. Returns self."""
+    def validate(self, max_position_embeddings: int, sliding_window: int | None,
+                 rope_limit: int | None = None) -> "BuildConfig":
+        """Check the options against each other and the model; fill max_seq_len. Returns self.
+        rope_limit: the longest sequence the model's baked RoPE is exact for (longrope's
+        original_max_position_embeddings: ModelConfig.rope_max_seq_len)."""
         if self.backend not in BACKENDS:
             raise BuildError(f"--backend {self.backend!r} is unknown: choose one of {', '.join(BACKENDS)}.")
         if self.dtype not in DTYPES:
@@ -93,10 +97,15 @@ class BuildConfig:
             check_pickle_safe(torch.__version__)
         limit = min(max_position_embeddings, sliding_window or max_position_embeddings)
         if self.max_seq_len is None:
-            self.max_seq_len = limit
+            self.max_seq_len = min(limit, rope_limit or limit)
         for name in ("max_batch_size", "max_num_tokens", "max_seq_len", "kv_block_size"):
             if getattr(self, name) < 1:
                 raise BuildError(f"--{name.replace('_', '-')} must be ≥ 1, got {getattr(self, name)}.")
+        if rope_limit and self.max_seq_len > rope_limit and rope_limit < limit:
+            raise BuildError(f"--max-seq-len {self.max_seq_len} exceeds the model's LongRoPE "
+                             f"original_max_position_embeddings ({rope_limit}): past it transformers switches to "
+                             f"the long_factor frequencies, which trtforge does not implement (it bakes the "
+                             f"short_factor ones). Choose --max-seq-len ≤ {rope_limit}.")
         if self.max_seq_len > limit:
             windowed = sliding_window and sliding_window < max_position_embeddings
             why = "sliding window" if windowed else "max_position_embeddings"

@@ -17,6 +17,7 @@ from tqdm import tqdm
 
 from trtforge.builder.architectures import ArchSpec, WeightRule
 from trtforge.builder.checkpoint import TensorReader
+from trtforge.builder.hf_config import rope_layer_types
 from trtforge.builder.safetensors_stream import StreamingSafetensorsWriter
 from trtforge.models.errors import BuildError
 from trtforge.models.model_config import ModelConfig
@@ -124,13 +125,20 @@ def _layout(items: list[Item], dtype: torch.dtype, quant: dict[str, Any] | None,
 def plan_with_extras(cfg: ModelConfig, spec: ArchSpec, reader: TensorReader, hf_config: Any
                      ) -> tuple[list, list[tuple[str, torch.Tensor]]]:
     """The weights to convert (plan) and the tensors computed here rather than read (RoPE's
-    inverse frequencies, whose attention scaling is recorded in cfg)."""
+    inverse frequencies, and the sliding layers' own where they differ (Gemma 3), whose attention
+    scaling is recorded in cfg)."""
     items = plan(cfg, spec, reader)
     extra: list[tuple[str, torch.Tensor]] = []
     if cfg.position == "rope":
-        inv_freq, scaling = compute_inv_freq(hf_config, cfg.rope_type, cfg.rope_theta, cfg.head_dim)
+        global_type, local_type = rope_layer_types(hf_config)
+        inv_freq, scaling = compute_inv_freq(hf_config, cfg.rope_type, cfg.rope_theta, cfg.rope_dim, global_type)
         cfg.rope_attention_scaling = scaling
         extra.append(("rope_inv_freq", inv_freq))
+        if cfg.rope_local_type is not None:  # Gemma 3's sliding layers (rope_local_base_freq)
+            inv_freq, scaling = compute_inv_freq(hf_config, cfg.rope_local_type, cfg.rope_local_theta or 10000.0,
+                                                 cfg.rope_dim, local_type)
+            cfg.rope_local_attention_scaling = scaling
+            extra.append(("rope_local_inv_freq", inv_freq))
     return items, extra
 
 

@@ -20,7 +20,10 @@ from trtforge.builder.tokenizer_training import CHAT_TEMPLATE, train_tiny_tokeni
 from trtforge.models.errors import BuildError
 
 ARCHS = {"qwen2": "Qwen2ForCausalLM", "llama": "LlamaForCausalLM", "gpt2": "GPT2LMHeadModel",
-         "qwen3": "Qwen3ForCausalLM", "mistral": "MistralForCausalLM"}
+         "qwen3": "Qwen3ForCausalLM", "mistral": "MistralForCausalLM", "phi3": "Phi3ForCausalLM",
+         "gemma2": "Gemma2ForCausalLM", "gemma3": "Gemma3ForCausalLM"}
+MODEL_TYPES = {arch: arch for arch in ARCHS} | {"gemma3": "gemma3_text"}
+"""transformers' model_type (AutoConfig.for_model) of each --arch: Gemma 3's text-only model is gemma3_text."""
 
 # The published configs' shapes (Qwen2.5-0.5B; Llama/GPT-2 at a similar 0.5B-class size).
 SIZES: dict[str, dict[str, dict[str, Any]]] = {
@@ -45,11 +48,17 @@ def hf_config(arch: str, size: str, tokenizer: Any) -> Any:
         raise BuildError(f"--arch {arch!r} is unknown: choose one of {', '.join(ARCHS)}.")
     if size not in SIZES:
         raise BuildError(f"--size {size!r} is unknown: choose one of {', '.join(SIZES)}.")
-    model_type = {"qwen2": "qwen2", "llama": "llama", "gpt2": "gpt2", "qwen3": "qwen3", "mistral": "mistral"}[arch]
+    model_type = MODEL_TYPES[arch]
     dims = dict(SIZES[size]["gpt2" if arch == "gpt2" else "rope"])
     dims.setdefault("vocab_size", len(tokenizer))
-    if arch == "qwen3":
+    if arch in ("qwen3", "gemma2", "gemma3"):  # head_dim independent of hidden / heads, as in the real models
         dims.setdefault("head_dim", 2 * dims["hidden_size"] // dims["num_attention_heads"])
+    if arch in ("gemma2", "gemma3"):
+        dims.setdefault("query_pre_attn_scalar", dims["head_dim"])
+        dims.setdefault("tie_word_embeddings", True)
+    if arch == "gemma3":  # a global layer among the sliding ones (Gemma 3 has 5 sliding : 1 global)
+        dims.setdefault("layer_types", ["sliding_attention" if (i + 1) % 2 else "full_attention"
+                                        for i in range(dims["num_hidden_layers"])])
     if arch == "mistral":
         dims["sliding_window"] = None
     cfg = AutoConfig.for_model(model_type, **dims, bos_token_id=tokenizer.bos_token_id,

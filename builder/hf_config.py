@@ -29,16 +29,72 @@ def _eos_list(value: Any) -> list[int]:
     return [int(value)]
 
 
-def _rope(hf: Any) -> tuple[str, float]:
-    params = getattr(hf, "rope_parameters", None) or getattr(hf, "rope_scaling", None) or {}
+def _rope_parameters(hf: Any) -> tuple[dict, dict | None, bool]:
+    """(global layers' RoPE parameters, the sliding layers' own or None, whether the config holds
+    them per layer type). transformers 5 keeps them in `rope_parameters`, per layer type for Gemma 3
+    ({"full_attention": ..., "sliding_attention": ...}); older configs in `rope_scaling` + `rope_theta`
+    (+ Gemma 3's `rope_local_base_freq`)."""
+    params = getattr(hf, "rope_parameters", None)
+    if isinstance(params, dict) and ({"full_attention", "sliding_attention"} & set(params)):
+        return dict(params.get("full_attention") or {}), params.get("sliding_attention"), True
+    params = dict(params or getattr(hf, "rope_scaling", None) or {})
+    local = getattr(hf, "rope_local_base_freq", None)
+    return params, (None if local is None else {"rope_type": "default", "rope_theta": local}), False
+
+
+def rope_layer_types(hf: Any) -> tuple[str | None, str | None]:
+    """The layer types to pass to transformers' RoPE functions for the global and the sliding layers'
+    frequencies: ("full_attention", "sliding_attention") where the config holds RoPE per layer type
+    (Gemma 3 under transformers 5), else (None, None)."""
+    return ("full_attention", "sliding_attention") if _rope_parameters(hf)[2] else (None, None)
+
+
+def _rope_type(params: dict) -> str:
     rope_type = params.get("rope_type", params.get("type", "default")) or "default"
-    theta = params.get("rope_theta", getattr(hf, "rope_theta", 10000.0))
-    if rope_type not in STATIC_ROPE_TYPES:
+    return "longrope" if rope_type == "su" else rope_type  # Phi-3's old name for LongRoPE
+
+
+def _rope(hf: Any, params: dict, default_theta: float = 10000.0, where: str = "") -> tuple[str, float]:
+    rope_type = _rope_type(params)
+    theta = params.get("rope_theta", getattr(hf, "rope_theta", None) or default_theta)
+    if rope_type not in (*STATIC_ROPE_TYPES, "longrope"):
         raise BuildError(
-            f"RoPE scaling type {rope_type!r} is not supported (its frequencies change with the "
-            f"sequence length). Supported: {', '.join(STATIC_ROPE_TYPES)}."
+            f"RoPE scaling type {rope_type!r}{where} is not supported (its frequencies change with the "
+            f"sequence length). Supported: {', '.join(STATIC_ROPE_TYPES)}, and longrope up to its "
+            f"original_max_position_embeddings."
         )
     return rope_type, float(theta)
+
+
+def _longrope_limit(hf: Any, params: dict) -> int:
+    """LongRoPE (Phi-3 `longrope` / `su`): transformers rotates with the short factors while a forward
+    pass's positions stay within original_max_position_embeddings and switches the whole pass to the long
+    factors past it (re-rotating nothing already cached). trtforge bakes the short factors and caps the
+    engine there; the long range is refused by name at build time (build_config.validate)."""
+    limit = params.get("original_max_position_embeddings") or getattr(hf, "original_max_position_embeddings", None)
+    if not limit:
+        raise BuildError("RoPE scaling type 'longrope' without original_max_position_embeddings: the config "
+                         "does not say where its short factors end.")
+    for key in ("short_factor", "long_factor"):
+        if not isinstance(params.get(key), (list, tuple)):
+            raise BuildError(f"RoPE scaling type 'longrope' needs a {key} list in rope_scaling.")
+    return int(limit)
+
+
+def _rotary_dim(spec: ArchSpec, hf: Any, params: dict, head_dim: int) -> int | None:
+    """Features per head that RoPE rotates: None for all of them; Phi-3's partial_rotary_factor."""
+    factor = params.get("partial_rotary_factor", getattr(hf, "partial_rotary_factor", None))
+    factor = 1.0 if factor is None else float(factor)
+    if factor == 1.0:
+        return None
+    if spec.family != "phi3":
+        raise BuildError(f"partial rotary embeddings (partial_rotary_factor {factor}) are not supported for "
+                         f"{spec.architecture}: trtforge rotates partial heads for Phi3ForCausalLM only.")
+    dim = int(head_dim * factor)
+    if dim < 2 or dim % 2:
+        raise BuildError(f"partial_rotary_factor {factor} rotates {dim} of the {head_dim} features per head; "
+                         f"RoPE needs an even number of at least 2.")
+    return None if dim == head_dim else dim
 
 
 def _sliding_window(hf: Any) -> int | None:
@@ -75,9 +131,15 @@ def _from_hf(spec: ArchSpec, hf: Any) -> ModelConfig:
         )
     heads = int(hf.num_attention_heads)
     head_dim = int(g("head_dim") or hf.hidden_size // heads)
-    rope_type, theta = _rope(hf)
+    params, local_params, _ = _rope_parameters(hf)
+    rope_type, theta = _rope(hf, params, 1_000_000.0 if spec.family == "gemma3" else 10000.0)
     attention_bias = bool(g("attention_bias", False))
-    act = {"gelu_pytorch_tanh": "gelu_tanh", "gelu_new": "gelu_tanh"}.get(hf.hidden_act, hf.hidden_act)
+    hidden_act = g("hidden_activation") or g("hidden_act")  # Gemma names it hidden_activation
+    act = {"gelu_pytorch_tanh": "gelu_tanh", "gelu_new": "gelu_tanh"}.get(hidden_act, hidden_act)
+    extra = _gemma_switches(spec, hf, local_params) if spec.family in ("gemma2", "gemma3") else {}
+    rotary_dim = _rotary_dim(spec, hf, params, head_dim)
+    if rope_type == "longrope":
+        extra["rope_max_seq_len"] = _longrope_limit(hf, params)
     return ModelConfig(
         architecture=spec.architecture, family=spec.family, vocab_size=int(hf.vocab_size),
         hidden_size=int(hf.hidden_size), num_layers=int(hf.num_hidden_layers), num_heads=heads,
@@ -86,12 +148,49 @@ def _from_hf(spec: ArchSpec, hf: Any) -> ModelConfig:
         activation=act, gated_mlp=True, position="rope",
         max_position_embeddings=int(hf.max_position_embeddings),
         tie_word_embeddings=bool(g("tie_word_embeddings", False)),
-        qkv_bias=spec.qkv_bias or attention_bias, o_bias=attention_bias and spec.family in ("llama", "qwen3"),
+        qkv_bias=spec.qkv_bias or attention_bias,
+        o_bias=attention_bias and spec.family in ("llama", "qwen3", "gemma2", "gemma3"),
         mlp_bias=bool(g("mlp_bias", False)), qk_norm=spec.qk_norm, rope_type=rope_type,
-        rope_theta=theta, sliding_window=_sliding_window(hf), bos_token_id=g("bos_token_id"),
-        eos_token_ids=_eos_list(g("eos_token_id")), pad_token_id=g("pad_token_id"),
-        torch_dtype=_dtype_name(hf),
+        rope_theta=theta, sliding_window=_sliding_window(hf), rotary_dim=rotary_dim,
+        bos_token_id=g("bos_token_id"), eos_token_ids=_eos_list(g("eos_token_id")), pad_token_id=g("pad_token_id"),
+        torch_dtype=_dtype_name(hf), **extra,
     )
+
+
+def _gemma_switches(spec: ArchSpec, hf: Any, local_params: dict | None) -> dict[str, Any]:
+    """The ModelConfig switches of Gemma 2 / Gemma 3 (text), or BuildError for what trtforge does not run."""
+    def g(name: str, default: Any = None) -> Any:
+        return getattr(hf, name, default)
+
+    if g("use_bidirectional_attention"):
+        raise BuildError(f"{spec.architecture} with use_bidirectional_attention is not supported: trtforge's "
+                         f"attention is causal.")
+    attn_cap = g("attn_logit_softcapping")
+    if spec.family == "gemma3" and attn_cap is not None:
+        raise BuildError(f"{spec.architecture} with attn_logit_softcapping {attn_cap} is refused: transformers' "
+                         f"Gemma 3 does not apply it (only Gemma 2 soft-caps attention scores), so there is no "
+                         f"reference to match. Set it to null.")
+    layer_types = g("layer_types")
+    pattern = g("sliding_window_pattern")
+    if layer_types is None and pattern:  # configs before layer_types: every pattern-th layer is global
+        layer_types = ["sliding_attention" if (i + 1) % int(pattern) else "full_attention"
+                       for i in range(int(hf.num_hidden_layers))]
+    layer_types = None if layer_types is None else [str(t) for t in layer_types]
+    if layer_types is not None and set(layer_types) - {"full_attention", "sliding_attention"}:
+        raise BuildError(f"{spec.architecture}: layer_types {sorted(set(layer_types))} are not all "
+                         f"full_attention / sliding_attention.")
+    switches: dict[str, Any] = dict(
+        norm_weight_offset=1.0, embedding_multiplier=float(hf.hidden_size) ** 0.5, sandwich_norm=True,
+        attention_scale=float(g("query_pre_attn_scalar") or hf.head_dim) ** -0.5,
+        attn_logit_softcapping=None if attn_cap is None else float(attn_cap),
+        final_logit_softcapping=None if g("final_logit_softcapping") is None else float(hf.final_logit_softcapping),
+        layer_types=layer_types)
+    if spec.family == "gemma3" and local_params is not None and layer_types and "sliding_attention" in layer_types:
+        local_type, local_theta = _rope(hf, local_params, 10000.0, " (sliding layers)")
+        if local_type == "longrope":
+            raise BuildError(f"{spec.architecture}: longrope on the sliding layers is not supported.")
+        switches.update(rope_local_type=local_type, rope_local_theta=local_theta)
+    return switches
 
 
 def _dtype_name(hf: Any) -> str | None:

@@ -128,7 +128,8 @@ class Layers:
             raise ValueError(f"kernels={kernels!r}: choose one of {KERNEL_MODES}")
         device = torch.device(device)
         choice = registry.choose(device, dtype)
-        return cls(choice, quantization, dtype, attention_impl(choice.attention, device))
+        softcap = bool(getattr(cfg.model, "attn_logit_softcapping", None))  # Triton has none: the torch path
+        return cls(choice, quantization, dtype, attention_impl(choice.attention, device, softcap))
 
     @property
     def fused_ops(self) -> bool:

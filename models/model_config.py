@@ -17,7 +17,7 @@ class ModelConfig:
     architecture: str
     """Hugging Face class name, e.g. `Qwen2ForCausalLM`."""
     family: str
-    """Weight-table family: llama | mistral | qwen2 | qwen3 | gpt2."""
+    """Weight-table family: llama | mistral | qwen2 | qwen3 | phi3 | gemma2 | gemma3 | gpt2."""
     vocab_size: int
     hidden_size: int
     num_layers: int
@@ -32,7 +32,7 @@ class ModelConfig:
     """"rms" (RMSNorm) or "layer" (LayerNorm with bias)."""
     norm_eps: float
     activation: str
-    """Name understood by `network.activation`: silu, gelu, gelu_tanh, relu."""
+    """Name understood by `network.activation`: silu, gelu, gelu_tanh (GeGLU with gated_mlp: Gemma), relu."""
     gated_mlp: bool
     """SwiGLU-style `down(act(gate(x)) * up(x))` (True) or `down(act(up(x)))` (GPT-2)."""
     position: str
@@ -49,11 +49,64 @@ class ModelConfig:
     rope_attention_scaling: float = 1.0
     """Multiplier of cos/sin (YaRN's mscale); 1.0 for the other RoPE types."""
     sliding_window: int | None = None
+    """The smallest attention window of the model's sliding layers (None: all full attention). The build caps
+    max_seq_len at it, so within an engine's limits every layer attends to its whole context (exactly what a
+    sliding-window layer does for sequences no longer than its window)."""
+    # ---- switches beyond the Llama-style decoder (defaults: off; engines built before them load as they were) ----
+    rotary_dim: int | None = None
+    """RoPE rotates only the first rotary_dim features of each head, the rest pass through (Phi-3's
+    partial_rotary_factor); None: all of head_dim."""
+    rope_max_seq_len: int | None = None
+    """Longest sequence the baked RoPE frequencies are exact for (longrope: original_max_position_embeddings, past
+    which transformers switches to the long factors, which trtforge does not); the build caps max_seq_len at it."""
+    norm_weight_offset: float = 0.0
+    """RMSNorm scales by (offset + weight), computed in float32 (Gemma: 1.0; weights stored as in the checkpoint)."""
+    embedding_multiplier: float = 1.0
+    """Token embeddings are multiplied by this (Gemma: sqrt(hidden_size)), rounded to the embedding dtype first as
+    transformers does."""
+    sandwich_norm: bool = False
+    """Gemma 2/3: RMSNorm on the attention output and on the MLP output too (post_attention_layernorm,
+    post_feedforward_layernorm) before each is added to the residual; `post_attn_norm` is then the pre-MLP
+    norm (pre_feedforward_layernorm)."""
+    attention_scale: float | None = None
+    """Softmax scale of the attention scores (Gemma: query_pre_attn_scalar ** -0.5); None: head_dim ** -0.5."""
+    attn_logit_softcapping: float | None = None
+    """Attention scores s become c * tanh(s / c) before the softmax (Gemma 2); None: not capped."""
+    final_logit_softcapping: float | None = None
+    """Logits l become c * tanh(l / c) (Gemma 2, Gemma 3 where set); None: not capped."""
+    layer_types: list[str] | None = None
+    """Per layer "full_attention" or "sliding_attention" (Gemma 2/3), as the checkpoint's config says; decides
+    which RoPE a layer uses (`rope_local_*`). None: every layer full attention."""
+    rope_local_type: str | None = None
+    """RoPE of the sliding-attention layers when it differs from the global layers' (Gemma 3: rope_local_base_freq,
+    stored as the tensor `rope_local_inv_freq`); None: every layer uses rope_type / rope_theta."""
+    rope_local_theta: float | None = None
+    rope_local_attention_scaling: float = 1.0
     bos_token_id: int | None = None
     eos_token_ids: list[int] = field(default_factory=list)
     pad_token_id: int | None = None
     torch_dtype: str | None = None
     """The checkpoint's stored dtype (what `--dtype auto` resolves to)."""
+
+    @property
+    def rope_dim(self) -> int:
+        """Features of each head that RoPE rotates (rotary_dim, else head_dim)."""
+        return self.rotary_dim or self.head_dim
+
+    def uses_local_rope(self, layer: int) -> bool:
+        """Whether layer `layer` rotates with the sliding layers' own RoPE (`rope_local_inv_freq`)."""
+        return (self.rope_local_type is not None and self.layer_types is not None
+                and self.layer_types[layer] == "sliding_attention")
+
+    def switches_beyond_llama(self) -> list[str]:
+        """The switches above in use (names): what a Llama-style fast path (the CPU decode plan) must not skip."""
+        used = {"rotary_dim": self.rotary_dim not in (None, self.head_dim),
+                "norm_weight_offset": self.norm_weight_offset, "embedding_multiplier": self.embedding_multiplier != 1.0,
+                "sandwich_norm": self.sandwich_norm, "attention_scale": self.attention_scale is not None,
+                "attn_logit_softcapping": self.attn_logit_softcapping,
+                "final_logit_softcapping": self.final_logit_softcapping,
+                "rope_local_type": self.rope_local_type is not None}
+        return [name for name, on in used.items() if on]
 
     @property
     def q_size(self) -> int:

@@ -1,8 +1,13 @@
 """The one generic decoder, on packed tokens with the paged-KV attention op.
 
 Reads top to bottom like the paper: Attention → MLP → DecoderLayer → CausalLM. Every family
-(Llama, Mistral, Qwen2, Qwen3, GPT-2) is this network with different flags (ModelConfig);
-their weights arrive through the tables in `architectures.py`.
+(Llama, Mistral, Qwen2, Qwen3, Phi-3, Gemma 2, Gemma 3, GPT-2) is this network with different flags
+(ModelConfig); their weights arrive through the tables in `builder/architectures.py`. The switches
+beyond the Llama-style decoder, each off by default: partial RoPE (`rotary_dim`), RMSNorm with a
+(1 + weight) scale (`norm_weight_offset`), scaled embeddings (`embedding_multiplier`), sandwich norms
+(`sandwich_norm`), the attention scale (`attention_scale`), soft-capped attention scores and logits
+(`attn_logit_softcapping`, `final_logit_softcapping`) and a second RoPE for sliding-window layers
+(`rope_local_*` with `layer_types`).
 
 There is no batch dimension and no padding: an iteration's T new tokens from S sequences
 (prompt chunks and decode tokens mixed) are one [T, hidden] matrix, and `AttentionMetadata`
@@ -39,30 +44,41 @@ ACTIVATIONS = {
 
 
 class RMSNorm(nn.Module):
-    """HF's RMSNorm: normalise in float32, cast back, then scale (the order matters for bf16 parity)."""
+    """HF's RMSNorm: normalise in float32, cast back, then scale (the order matters for bf16 parity).
 
-    def __init__(self, dim: int, eps: float, fused: bool = False):
+    offset (Gemma's RMSNorm: 1.0): the scale is (offset + weight), and it is applied in float32
+    before the cast back, as transformers' Gemma does; the stored weight is the checkpoint's."""
+
+    def __init__(self, dim: int, eps: float, fused: bool = False, offset: float = 0.0):
         super().__init__()
         self.weight = nn.Parameter(torch.ones(dim))
         self.eps = eps
         self.fused = fused
         """Try the C loop first (plugins/cpu/fused.py; it takes float32 CPU eager inference only)."""
+        self.offset = offset
+
+    def scale(self) -> torch.Tensor:
+        """The weight the normalised values are multiplied by: weight, or (offset + weight) in float32."""
+        return self.weight if not self.offset else self.weight.float() + self.offset
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        fused = cpu_fused.rms_norm(x, self.weight, self.eps) if self.fused else None  # one C loop
+        weight = self.scale()
+        fused = cpu_fused.rms_norm(x, weight, self.eps) if self.fused else None  # one C loop
         if fused is not None:
             return fused[0]
         dtype = x.dtype
         if dtype == torch.float32:
-            return F.rms_norm(x, self.weight.shape, self.weight, self.eps)  # same math, one op
+            return F.rms_norm(x, weight.shape, weight, self.eps)  # same math, one op
         h = x.float()
         h = h * torch.rsqrt(h.pow(2).mean(-1, keepdim=True) + self.eps)
+        if self.offset:  # Gemma: scaled in float32, then cast
+            return (h * weight).to(dtype)
         return self.weight * h.to(dtype)
 
     def add_norm(self, x: torch.Tensor, residual: torch.Tensor | None) -> tuple[torch.Tensor, torch.Tensor]:
         """(norm(x + residual), x + residual): the residual stream's update and the next
         sublayer's input. The fused kernel writes the sum into `residual` in place."""
-        fused = cpu_fused.rms_norm(x, self.weight, self.eps, residual) if self.fused else None
+        fused = cpu_fused.rms_norm(x, self.scale(), self.eps, residual) if self.fused else None
         if fused is not None:
             return fused
         if residual is not None:
@@ -81,7 +97,7 @@ class LayerNorm(nn.LayerNorm):
 
 def make_norm(cfg: ModelConfig, dim: int, layers: Layers) -> nn.Module:
     if cfg.norm == "rms":
-        return RMSNorm(dim, cfg.norm_eps, layers.fused_ops)
+        return RMSNorm(dim, cfg.norm_eps, layers.fused_ops, cfg.norm_weight_offset)
     return LayerNorm(dim, eps=cfg.norm_eps)
 
 
@@ -92,10 +108,12 @@ class Attention(nn.Module):
         self.qkv = layers.linear("attn.qkv", cfg.hidden_size, cfg.q_size + 2 * cfg.kv_size, cfg.qkv_bias)
         self.o_proj = layers.linear("attn.o_proj", cfg.q_size, cfg.hidden_size, cfg.o_bias)
         if cfg.qk_norm:
-            self.q_norm = RMSNorm(cfg.head_dim, cfg.norm_eps, layers.fused_ops)
-            self.k_norm = RMSNorm(cfg.head_dim, cfg.norm_eps, layers.fused_ops)
-        self.scale = cfg.head_dim ** -0.5
-        self.fused_rope = layers.fused_ops
+            self.q_norm = make_norm(cfg, cfg.head_dim, layers)
+            self.k_norm = make_norm(cfg, cfg.head_dim, layers)
+        self.scale = cfg.attention_scale if cfg.attention_scale is not None else cfg.head_dim ** -0.5
+        self.softcap = cfg.attn_logit_softcapping or 0.0
+        """> 0: the op soft-caps the scores (Gemma 2); 0: the op is called exactly as without the option."""
+        self.fused_rope = layers.fused_ops and cfg.rope_dim == cfg.head_dim  # the C loop rotates whole heads
         self.paged_attention = layers.attention
         """The implementation eager calls run (plugins/paged_attention/op.py); None: the op's per-call choice."""
 
@@ -116,10 +134,11 @@ class Attention(nn.Module):
             q, k = qk[:, :hq], qk[:, hq:]  # [T, Hq, D], [T, Hkv, D]
         args = (q, k.contiguous(), v.contiguous(), kv_cache, meta.slot_mapping, meta.block_tables,
                 meta.seq_lens, meta.query_start_loc, self.scale)
+        extra = {"softcap": self.softcap} if self.softcap else {}
         if kv_scales is None:  # torch.ops.trtforge.paged_attention (or its implementation, in eager mode)
-            out = eager_impl(q, False, self.paged_attention)(*args)  # [T, Hq, D]
+            out = eager_impl(q, False, self.paged_attention)(*args, **extra)  # [T, Hq, D]
         else:  # torch.ops.trtforge.paged_attention_int8kv
-            out = eager_impl(q, True, self.paged_attention)(*args, kv_scales)
+            out = eager_impl(q, True, self.paged_attention)(*args, kv_scales, **extra)
         return self.o_proj(out.reshape(t, c.q_size))
 
 
@@ -147,12 +166,19 @@ class MLP(nn.Module):
 
 
 class DecoderLayer(nn.Module):
-    def __init__(self, cfg: ModelConfig, layers: Layers):
+    def __init__(self, cfg: ModelConfig, layers: Layers, local_rope: bool = False):
         super().__init__()
         self.input_norm = make_norm(cfg, cfg.hidden_size, layers)
         self.attn = Attention(cfg, layers)
         self.post_attn_norm = make_norm(cfg, cfg.hidden_size, layers)
+        """The MLP's input norm (Gemma's pre_feedforward_layernorm; Llama's post_attention_layernorm)."""
         self.mlp = MLP(cfg, layers)
+        self.sandwich = cfg.sandwich_norm
+        if self.sandwich:  # Gemma 2/3: the sublayers' outputs are normalised before the residual add
+            self.attn_out_norm = make_norm(cfg, cfg.hidden_size, layers)
+            self.mlp_out_norm = make_norm(cfg, cfg.hidden_size, layers)
+        self.local_rope = local_rope
+        """This layer rotates with the sliding layers' RoPE (CausalLM passes both; Gemma 3)."""
         self.all_reduce = None
         """Tensor parallelism: sums the row-parallel o_proj's and down's partial outputs over the ranks."""
 
@@ -164,9 +190,15 @@ class DecoderLayer(nn.Module):
         h = self.attn(h, rope, kv_cache, meta, kv_scales)
         if self.all_reduce is not None:
             h = self.all_reduce(h)
+        if self.sandwich:
+            h = self.attn_out_norm(h)
         h, residual = self.post_attn_norm.add_norm(h, residual)
         h = self.mlp(h)
-        return (h if self.all_reduce is None else self.all_reduce(h)), residual
+        if self.all_reduce is not None:
+            h = self.all_reduce(h)
+        if self.sandwich:
+            h = self.mlp_out_norm(h)
+        return h, residual
 
 
 class CausalLM(nn.Module):
@@ -194,9 +226,13 @@ class CausalLM(nn.Module):
         if cfg.position == "learned":
             self.pos_embed = nn.Embedding(cfg.max_position_embeddings, cfg.hidden_size)
         else:
-            self.register_buffer("rope_inv_freq", torch.zeros(cfg.head_dim // 2), persistent=True)
+            self.register_buffer("rope_inv_freq", torch.zeros(cfg.rope_dim // 2), persistent=True)
+            if cfg.rope_local_type is not None:  # Gemma 3: the sliding layers' own RoPE
+                self.register_buffer("rope_local_inv_freq", torch.zeros(cfg.rope_dim // 2), persistent=True)
         layer_cfg = cfg if shard is None else local_config(cfg, shard)
-        self.layers = nn.ModuleList(DecoderLayer(layer_cfg, layers) for _ in range(cfg.num_layers))
+        self.layers = nn.ModuleList(DecoderLayer(layer_cfg, layers, cfg.uses_local_rope(i))
+                                    for i in range(cfg.num_layers))
+        self._embedding_multipliers: dict[torch.dtype, float] = {}
         self.final_norm = make_norm(cfg, cfg.hidden_size, layers)
         if quantized_head is not None:
             self.head_linear = quantized_head
@@ -224,17 +260,36 @@ class CausalLM(nn.Module):
                 logits_indices: torch.Tensor, kv_scales: list[torch.Tensor] | None = None) -> torch.Tensor:
         """input_ids/positions int64 [T]; returns float32 logits [len(logits_indices), V].
         kv_scales: per layer, the scales of its int8 KV pool (--kv-cache-dtype int8), else None."""
+        c = self.cfg
         x = self.embed_tokens(input_ids)  # [T, H]
-        rope = None
-        if self.cfg.position == "learned":
+        if c.embedding_multiplier != 1.0:  # Gemma: sqrt(hidden), rounded to the embeddings' dtype first
+            x = x * self._embedding_multiplier(x.dtype)
+        rope = local_rope = None
+        if c.position == "learned":
             x = x + self.pos_embed(positions)
         else:
-            rope = rotary_cos_sin(positions, self.rope_inv_freq, self.cfg.rope_attention_scaling,
-                                  x.dtype)
+            rope = rotary_cos_sin(positions, self.rope_inv_freq, c.rope_attention_scaling, x.dtype)
+            if c.rope_local_type is not None:
+                local_rope = rotary_cos_sin(positions, self.rope_local_inv_freq, c.rope_local_attention_scaling,
+                                            x.dtype)
         residual = None
         for i, (layer, kv_cache) in enumerate(zip(self.layers, kv_caches)):
-            x, residual = layer(x, residual, rope, kv_cache, meta, None if kv_scales is None else kv_scales[i])
+            x, residual = layer(x, residual, local_rope if layer.local_rope else rope, kv_cache, meta,
+                                None if kv_scales is None else kv_scales[i])
         # [S', H]: only rows whose logits are needed
         x, _ = self.final_norm.add_norm(x[logits_indices], residual[logits_indices])
         logits = self.head(x).float()  # [S', V] (this rank's slice of V with a shard)
+        if c.final_logit_softcapping:  # Gemma 2: c * tanh(logits / c)
+            cap = c.final_logit_softcapping
+            logits = torch.tanh(logits / cap) * cap
         return logits if self.gather_vocab is None else self.gather_vocab(logits)
+
+    def _embedding_multiplier(self, dtype: torch.dtype) -> float:
+        """cfg.embedding_multiplier rounded to float32 and then to `dtype`, as a Python float: what
+        transformers' Gemma multiplies by (its float32 buffer cast to the embedding dtype), with no
+        tensor made per call (CUDA graphs capture this)."""
+        value = self._embedding_multipliers.get(dtype)
+        if value is None:
+            value = float(torch.tensor(self.cfg.embedding_multiplier, dtype=torch.float32).to(dtype))
+            self._embedding_multipliers[dtype] = value
+        return value

@@ -118,6 +118,10 @@ def export_onnx(model: nn.Module, out_path: str | Path, *, block_size: int) -> P
     The model's parameter dtype becomes the graph's activation and KV dtype.
     """
     cfg = model.cfg
+    if cfg.attn_logit_softcapping:
+        raise BuildError(f"{cfg.architecture} soft-caps its attention scores (attn_logit_softcapping "
+                         f"{cfg.attn_logit_softcapping}), which the ONNX PagedAttention node and the TensorRT "
+                         f"plugin do not take: export and --backend tensorrt are refused; use --backend torch.")
     out_path = Path(out_path)
     dtype = next(model.parameters()).dtype
     args = example_inputs(cfg.num_layers, cfg.num_kv_heads, cfg.head_dim, block_size, dtype)

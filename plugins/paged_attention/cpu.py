@@ -31,6 +31,11 @@ path attends to the same quantised values the reference does.
 
 Host-side work is a couple of `.tolist()` calls and per-sequence Python, never per token.
 SDPA's CPU kernels accumulate in float32 for bf16/fp16 inputs.
+
+Soft-capping (`softcap` > 0, Gemma 2): SDPA has no score hook, so every SDPA call above becomes
+`_softcapped_attention` (the same gathers and masks; scores, tanh cap, softmax and P@V as explicit
+float32 matmuls), and a pure-decode float32 step still goes to the C kernel, which caps its scores
+itself.
 """
 
 from __future__ import annotations
@@ -105,7 +110,38 @@ def _padding_mask(seq_lens: torch.Tensor, lens: list[int], padded_len: int) -> t
     return mask
 
 
-def _decode_batch(q, kv_cache, block_tables, seq_lens, scale: float, lens: list[int], kv_scales=None):
+def _softcapped_attention(query, keys, values, scale: float, softcap: float, attn_mask=None,
+                          is_causal: bool = False) -> torch.Tensor:
+    """SDPA's contract ([B, H, n, D] queries against [B, Hkv, L, D], Hq a multiple of Hkv) with
+    the scaled scores capped at ±softcap (softcap * tanh(s / softcap)) before the mask and the
+    softmax, in float32. is_causal: SDPA's top-left aligned triangle."""
+    group = query.shape[1] // keys.shape[1]
+    if group > 1:
+        keys, values = keys.repeat_interleave(group, dim=1), values.repeat_interleave(group, dim=1)
+    scores = torch.matmul(query.float(), keys.float().transpose(-1, -2)) * scale  # [B, Hq, n, L]
+    scores = torch.tanh(scores / softcap) * softcap
+    if is_causal:
+        n, length = scores.shape[-2:]
+        attn_mask = torch.ones(n, length, dtype=torch.bool, device=scores.device).tril()
+    if attn_mask is not None:
+        scores = scores.masked_fill(~attn_mask, float("-inf"))
+    return torch.matmul(torch.softmax(scores, dim=-1), values.float()).to(query.dtype)
+
+
+def _attention(query, keys, values, scale: float, softcap: float, attn_mask=None, is_causal: bool = False,
+               enable_gqa: bool = False) -> torch.Tensor:
+    """F.scaled_dot_product_attention, or its soft-capped twin when softcap > 0."""
+    if softcap:
+        return _softcapped_attention(query, keys, values, scale, softcap, attn_mask, is_causal)
+    if enable_gqa:
+        return F.scaled_dot_product_attention(query, keys, values, attn_mask=attn_mask, is_causal=is_causal,
+                                              scale=scale, enable_gqa=True)
+    return F.scaled_dot_product_attention(query, keys, values, attn_mask=attn_mask, is_causal=is_causal,
+                                          scale=scale)
+
+
+def _decode_batch(q, kv_cache, block_tables, seq_lens, scale: float, lens: list[int], kv_scales=None,
+                  softcap: float = 0.0):
     """One new token per sequence: q [B, Hq, D] -> [B, Hq, D], contexts padded to max(lens)."""
     num_seqs, num_heads, head_dim = q.shape
     block_size, num_kv_heads = kv_cache.shape[2], kv_cache.shape[3]
@@ -118,23 +154,22 @@ def _decode_batch(q, kv_cache, block_tables, seq_lens, scale: float, lens: list[
     query = q.view(num_seqs, num_kv_heads, group, head_dim)          # [B, Hkv, G, D]
     if num_seqs == 1:
         # One sequence: cut the padding off instead of masking it (SDPA is ~30 % faster unmasked).
-        out = F.scaled_dot_product_attention(query, keys[:, :, :max_len], values[:, :, :max_len],
-                                             scale=scale)
+        out = _attention(query, keys[:, :, :max_len], values[:, :, :max_len], scale, softcap)
     else:
         mask = _padding_mask(seq_lens, lens, num_blocks * block_size)
-        out = F.scaled_dot_product_attention(query, keys, values, attn_mask=mask, scale=scale)
+        out = _attention(query, keys, values, scale, softcap, attn_mask=mask)
     return out.reshape(num_seqs, num_heads, head_dim)
 
 
-def _prefill_one(q, k, v, kv_cache, block_table, cached: int, scale: float, kv_scales=None):
+def _prefill_one(q, k, v, kv_cache, block_table, cached: int, scale: float, kv_scales=None,
+                 softcap: float = 0.0):
     """One sequence's chunk of n new tokens after `cached` context: q [n, Hq, D] -> [n, Hq, D]."""
     num_new = q.shape[0]
     query = q.transpose(0, 1).unsqueeze(0)  # [1, Hq, n, D]
     if cached == 0 and kv_scales is None and k.dtype == kv_cache.dtype:
         # The whole context is this chunk: attend to k/v as given, no gather from the pool.
         keys, values = k.transpose(0, 1).unsqueeze(0), v.transpose(0, 1).unsqueeze(0)
-        out = F.scaled_dot_product_attention(query, keys, values, is_causal=True, scale=scale,
-                                             enable_gqa=True)
+        out = _attention(query, keys, values, scale, softcap, is_causal=True, enable_gqa=True)
     else:
         seq_len, block_size = cached + num_new, kv_cache.shape[2]
         table = block_table[: -(-seq_len // block_size)][None]
@@ -144,15 +179,15 @@ def _prefill_one(q, k, v, kv_cache, block_table, cached: int, scale: float, kv_s
         # Token j (absolute position cached + j) sees positions 0..cached + j.
         visible = (torch.arange(seq_len, device=device)[None, :]
                    <= cached + torch.arange(num_new, device=device)[:, None])  # [n, L]
-        out = F.scaled_dot_product_attention(query, keys, values, attn_mask=visible, scale=scale,
-                                             enable_gqa=True)
+        out = _attention(query, keys, values, scale, softcap, attn_mask=visible, enable_gqa=True)
     return out[0].transpose(0, 1)  # [n, Hq, D]
 
 
 def paged_attention(q, k, v, kv_cache, slot_mapping, block_tables, seq_lens, query_start_loc,
-                    scale: float, kv_scales: torch.Tensor | None = None) -> torch.Tensor:
+                    scale: float, kv_scales: torch.Tensor | None = None, softcap: float = 0.0) -> torch.Tensor:
     """Write k/v into kv_cache, then causal paged attention; see the op contract in op.py. -> [T, Hq, D].
-    kv_scales: the scales of an int8 kv_cache (None: kv_cache is in q's dtype)."""
+    kv_scales: the scales of an int8 kv_cache (None: kv_cache is in q's dtype).
+    softcap: > 0 caps the scaled scores (reference.paged_attention); 0: none."""
     if kv_scales is None and kv_cache.dtype != q.dtype:
         raise ValueError(f"the torch attention path needs kv_cache in q's dtype; got kv_cache "
                          f"{kv_cache.dtype} and q {q.dtype}: build the KV pool in the model dtype")
@@ -164,23 +199,25 @@ def paged_attention(q, k, v, kv_cache, slot_mapping, block_tables, seq_lens, que
     pure_decode = 0 < len(decodes) == num_seqs == q.shape[0]
     if pure_decode and cpu_native.applies(q, k, v, kv_cache, slot_mapping, block_tables, seq_lens, lens,
                                           kv_scales):
-        return cpu_native.decode(q, k, v, kv_cache, slot_mapping, block_tables, seq_lens, scale, kv_scales)
+        return cpu_native.decode(q, k, v, kv_cache, slot_mapping, block_tables, seq_lens, scale, kv_scales,
+                                 softcap)
     write_kv(kv_cache, k, v, slot_mapping, kv_scales)
     if pure_decode:
         # The common case: tokens are already in sequence order.
-        return _decode_batch(q, kv_cache, block_tables, seq_lens, scale, lens, kv_scales)
+        return _decode_batch(q, kv_cache, block_tables, seq_lens, scale, lens, kv_scales, softcap)
     out = q.new_empty(q.shape)
     if decodes:
         index = torch.tensor(decodes, device=q.device)
         tokens = torch.tensor([starts[s] for s in decodes], device=q.device)
         result = _decode_batch(q.index_select(0, tokens), kv_cache,
                                block_tables.index_select(0, index),
-                               seq_lens.index_select(0, index), scale, [lens[s] for s in decodes], kv_scales)
+                               seq_lens.index_select(0, index), scale, [lens[s] for s in decodes], kv_scales,
+                               softcap)
         out.index_copy_(0, tokens, result)
     for s in range(num_seqs):
         if new_counts[s] < 2:
             continue
         a, b = starts[s], starts[s + 1]
         out[a:b] = _prefill_one(q[a:b], k[a:b], v[a:b], kv_cache, block_tables[s],
-                                lens[s] - new_counts[s], scale, kv_scales)
+                                lens[s] - new_counts[s], scale, kv_scales, softcap)
     return out

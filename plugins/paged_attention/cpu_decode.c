@@ -7,6 +7,8 @@
  *   1. store the new k/v rows at slot_mapping[b] (pool layout [2, num_blocks, bs, Hkv, D]);
  *   2. s[g, j] = scale * q_g . K_j for every position j < L, walking the block table;
  *   3. p[g, j] = exp(s[g, j] - max_j s[g, j]);  out_g = sum_j p[g, j] V_j / sum_j p[g, j].
+ * softcap > 0 (Gemma 2's attention soft-capping) replaces each score of step 2 by
+ * softcap * tanh(s / softcap) before step 3; 0 leaves the scores as they are.
  * Two passes over the context (scores, then values); scores live in a per-thread scratch buffer.
  * q, k, v may be views into a fused qkv activation: token b's heads start at b * {q,k,v}_stride
  * and are contiguous within the token.
@@ -154,12 +156,16 @@ static void softmax(float *s, int64_t n) {
 ALWAYS_INLINE void attend(const float *q, const void *key_pool, const void *value_pool, const float *key_scales,
                           const float *value_scales, const int32_t *table, int64_t len, int64_t block_size,
                           int64_t row, int64_t num_kv_heads, int64_t group, int64_t head_dim, float scale,
-                          float *s, float *out, int I8) {
+                          float softcap, float *s, float *out, int I8) {
     const int64_t elem = I8 ? (int64_t)sizeof(int8_t) : (int64_t)sizeof(float);
     for (int64_t start = 0, b = 0; start < len; start += block_size, b++) {
         const int64_t n = len - start < block_size ? len - start : block_size, first = (int64_t)table[b] * block_size;
         block_scores(q, (const char *)key_pool + first * row * elem, I8 ? key_scales + first * num_kv_heads : NULL,
                      num_kv_heads, n, row, group, head_dim, scale, s + start, len, I8);
+    }
+    if (softcap > 0.0f) {
+        const float inv_cap = 1.0f / softcap;
+        for (int64_t j = 0; j < group * len; j++) s[j] = softcap * tanhf(s[j] * inv_cap);
     }
     for (int64_t g = 0; g < group; g++) softmax(s + g * len, len);
     memset(out, 0, group * head_dim * sizeof(float));
@@ -176,7 +182,7 @@ ALWAYS_INLINE int attend_all(const float *q, int64_t q_stride, const void *key_p
                              const float *key_scales, const float *value_scales, const int32_t *block_tables,
                              int64_t table_width, const int32_t *seq_lens, float *out, int64_t num_seqs,
                              int64_t num_heads, int64_t num_kv_heads, int64_t head_dim, int64_t block_size,
-                             float scale, int I8, int64_t threads) {
+                             float scale, float softcap, int I8, int64_t threads) {
     const int64_t group = num_heads / num_kv_heads, row = num_kv_heads * head_dim;
     const int64_t elem = I8 ? (int64_t)sizeof(int8_t) : (int64_t)sizeof(float);
     int failed = 0;
@@ -191,7 +197,7 @@ ALWAYS_INLINE int attend_all(const float *q, int64_t q_stride, const void *key_p
         attend(q + b * q_stride + h * group * head_dim, (const char *)key_pool + h * head_dim * elem,
                (const char *)value_pool + h * head_dim * elem, I8 ? key_scales + h : NULL,
                I8 ? value_scales + h : NULL, block_tables + b * table_width, len, block_size, row,
-               num_kv_heads, group, head_dim, scale, s, out + (b * num_heads + h * group) * head_dim, I8);
+               num_kv_heads, group, head_dim, scale, softcap, s, out + (b * num_heads + h * group) * head_dim, I8);
     }
     return failed ? -1 : 0;
 }
@@ -216,7 +222,7 @@ int trtforge_decode_attention(const float *q, int64_t q_stride, const float *k, 
                               const int32_t *block_tables, int64_t table_width,
                               const int32_t *seq_lens, float *out, int64_t num_seqs,
                               int64_t num_heads, int64_t num_kv_heads, int64_t head_dim,
-                              float scale, int64_t threads) {
+                              float scale, float softcap, int64_t threads) {
     const int64_t row = num_kv_heads * head_dim; /* floats per slot */
     const int64_t num_slots = num_blocks * block_size;
     float *key_pool = pool, *value_pool = pool + num_slots * row;
@@ -227,7 +233,7 @@ int trtforge_decode_attention(const float *q, int64_t q_stride, const float *k, 
         memcpy(value_pool + slot_mapping[b] * row, v + b * v_stride, row * sizeof(float));
     }
     return attend_all(q, q_stride, key_pool, value_pool, NULL, NULL, block_tables, table_width, seq_lens,
-                      out, num_seqs, num_heads, num_kv_heads, head_dim, block_size, scale, 0, threads);
+                      out, num_seqs, num_heads, num_kv_heads, head_dim, block_size, scale, softcap, 0, threads);
 }
 
 /* ---- int8 KV --------------------------------------------------------------------------------- */
@@ -254,7 +260,7 @@ int trtforge_decode_attention_int8(const float *q, int64_t q_stride, const float
                                    const int32_t *block_tables, int64_t table_width,
                                    const int32_t *seq_lens, float *out, int64_t num_seqs,
                                    int64_t num_heads, int64_t num_kv_heads, int64_t head_dim,
-                                   float scale, int64_t threads) {
+                                   float scale, float softcap, int64_t threads) {
     const int64_t row = num_kv_heads * head_dim; /* int8 values per slot */
     const int64_t num_slots = num_blocks * block_size;
     int8_t *key_pool = pool, *value_pool = pool + num_slots * row;
@@ -271,5 +277,6 @@ int trtforge_decode_attention_int8(const float *q, int64_t q_stride, const float
         }
     }
     return attend_all(q, q_stride, key_pool, value_pool, key_scales, value_scales, block_tables, table_width,
-                      seq_lens, out, num_seqs, num_heads, num_kv_heads, head_dim, block_size, scale, 1, threads);
+                      seq_lens, out, num_seqs, num_heads, num_kv_heads, head_dim, block_size, scale, softcap, 1,
+                      threads);
 }

@@ -109,7 +109,11 @@ def redirect_paged_attention(sink: list[torch.Tensor]) -> Iterator[None]:
     original = namespace.paged_attention
 
     def functional(q, k, v, kv_cache, slot_mapping, block_tables, seq_lens, query_start_loc,
-                   scale):
+                   scale, softcap=0.0):
+        if softcap:
+            raise ValueError("the ONNX PagedAttention node (and the TensorRT plugin) has no attention soft-capping "
+                             "(attn_logit_softcapping, Gemma 2): a soft-capped network cannot be exported; run it "
+                             "with --backend torch")
         out, kv_out = torch.ops.trtforge.paged_attention_export(
             q, k, v, kv_cache, slot_mapping, block_tables, seq_lens, query_start_loc, scale)
         sink.append(kv_out)

@@ -12,7 +12,17 @@ decode tokens mixed):
     seq_lens int32 [S]                   context length after this step (cached + new)
     query_start_loc int32 [S + 1]        offsets of each sequence's new tokens in the batch
     scale float                          softmax scale
+    softcap float = 0.0                  > 0: each scaled score s becomes softcap * tanh(s / softcap)
+                                         before the mask and softmax (Gemma 2); 0: none
     -> [T, Hq, D]; a token at absolute position p attends to cache positions 0..p of its sequence.
+
+`softcap` is the last argument of both ops (after kv_scales for int8 KV) and defaults to 0, so a
+network without soft-capping calls and traces the op exactly as before. The reference and cpu
+implementations (its torch path and the C decode kernel) take it; the Triton kernels, the ONNX
+node and the TensorRT plugin do not: `attention_impl(..., softcap=True)` skips Triton for the torch
+path ("cpu", also correct on CUDA) unless Triton was requested by name (then it raises), the op
+raises if a per-call resolution lands on Triton, and the build refuses --backend tensorrt for a
+soft-capped model (builder/build.py).
 
 int8 KV (`build-engine --kv-cache-dtype int8`): the same contract through the sibling op
 `torch.ops.trtforge.paged_attention_int8kv(q, k, v, kv_cache, slot_mapping, block_tables,
@@ -44,7 +54,8 @@ Every implementation is a function `(q, k, v, kv_cache, slot_mapping, block_tabl
 query_start_loc, scale) -> Tensor` doing both the write and the attention (so a kernel may fuse
 them): `reference.paged_attention`, `cpu.paged_attention`, and `_triton_impl`, which adapts
 `triton_kernels.paged_attention_triton` (that one also takes max_query_len / max_seq_len hints).
-The reference and cpu functions take `kv_scales` as a tenth argument for int8 KV.
+The reference and cpu functions take `kv_scales` as a tenth argument for int8 KV, and `softcap`
+after it (keyword `softcap=`).
 """
 
 from __future__ import annotations
@@ -91,7 +102,7 @@ def _load_triton(required: bool) -> ModuleType | None:
 
 
 def _triton_impl(q, k, v, kv_cache, slot_mapping, block_tables, seq_lens, query_start_loc,
-                 scale: float) -> torch.Tensor:
+                 scale: float, softcap: float = 0.0) -> torch.Tensor:
     """Triton kernels with their grid-sizing hints derived from shapes alone.
 
     The kernels are correct for any hints; the hints only pick tile shapes and KV splits. Exact
@@ -100,6 +111,8 @@ def _triton_impl(q, k, v, kv_cache, slot_mapping, block_tables, seq_lens, query_
     least one new token, hence max_query_len <= T - S + 1 (exactly 1 for a pure decode step), and
     max_seq_len <= block-table width * block_size.
     """
+    if softcap:
+        raise _no_softcap("triton")
     num_tokens, num_seqs = q.shape[0], seq_lens.shape[0]
     max_query_len = max(1, num_tokens - num_seqs + 1)
     max_seq_len = block_tables.shape[1] * kv_cache.shape[2]
@@ -125,6 +138,11 @@ class AttentionImpl:
         return self.int8_kv
 
 
+def _no_softcap(name: str) -> RuntimeError:
+    return RuntimeError(f"attention implementation {name!r} has no score soft-capping (attn_logit_softcapping, "
+                        f"Gemma 2); use 'auto', 'cpu' or 'reference' ({ENV_VAR} or kernels.override(attention=...))")
+
+
 def _no_int8_kv(name: str) -> RuntimeError:
     return RuntimeError(f"attention implementation {name!r} does not take an int8 KV cache; use 'auto', "
                         f"'cpu' or 'reference' ({ENV_VAR} or kernels.override(attention=...))")
@@ -133,12 +151,18 @@ def _no_int8_kv(name: str) -> RuntimeError:
 _TORCH_IMPLS = {"reference": reference.paged_attention, "cpu": cpu.paged_attention}
 
 
-def attention_impl(preference: tuple[str, ...], device: torch.device) -> AttentionImpl:
+def attention_impl(preference: tuple[str, ...], device: torch.device, softcap: bool = False) -> AttentionImpl:
     """The first implementation of `preference` (kernels.attention_preference) available for tensors
     on `device`. A single name is a request: Triton then raises where it cannot be imported. int8 KV
-    takes the torch path where the float one is Triton's, unless Triton was requested by name."""
+    takes the torch path where the float one is Triton's, unless Triton was requested by name.
+    softcap: the network soft-caps its attention scores, which Triton does not: the next
+    implementation of the preference instead ("cpu"), or an error if Triton was requested by name."""
     name = preference[0]
     if name == "triton":
+        if softcap:
+            if len(preference) == 1:
+                raise _no_softcap("triton")
+            return attention_impl(preference[1:], device, softcap)
         if len(preference) == 1:
             _load_triton(required=True)
             return AttentionImpl("triton", _triton_impl, None)
@@ -149,13 +173,13 @@ def attention_impl(preference: tuple[str, ...], device: torch.device) -> Attenti
     return AttentionImpl(name, fn, fn)
 
 
-def resolve_impl(device: torch.device, int8_kv: bool = False) -> Callable[..., torch.Tensor]:
+def resolve_impl(device: torch.device, int8_kv: bool = False, softcap: bool = False) -> Callable[..., torch.Tensor]:
     """The implementation function the registry chooses now for tensors on `device` (int8_kv: for
-    paged_attention_int8kv, whose "auto" is the torch path everywhere)."""
+    paged_attention_int8kv, whose "auto" is the torch path everywhere; softcap: one that soft-caps)."""
     preference = kernels.attention_preference(device.type)
     if int8_kv and preference == ("triton",):
         raise _no_int8_kv("triton")  # before importing Triton: the answer is no either way
-    return attention_impl(preference, device).function(int8_kv)
+    return attention_impl(preference, device, softcap).function(int8_kv)
 
 
 def eager_impl(q: torch.Tensor, int8_kv: bool = False,
@@ -222,15 +246,18 @@ def check_inputs(q, k, v, kv_cache, slot_mapping, block_tables, seq_lens, query_
 def paged_attention_op(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, kv_cache: torch.Tensor,
                        slot_mapping: torch.Tensor, block_tables: torch.Tensor,
                        seq_lens: torch.Tensor, query_start_loc: torch.Tensor,
-                       scale: float) -> torch.Tensor:
+                       scale: float, softcap: float = 0.0) -> torch.Tensor:
     """Write k/v into kv_cache at slot_mapping, return paged causal attention [T, Hq, D]."""
     check_inputs(q, k, v, kv_cache, slot_mapping, block_tables, seq_lens, query_start_loc)
-    impl = resolve_impl(q.device)
-    return impl(q, k, v, kv_cache, slot_mapping, block_tables, seq_lens, query_start_loc, scale)
+    if not softcap:  # the call every network without soft-capping makes, as before the argument existed
+        impl = resolve_impl(q.device)
+        return impl(q, k, v, kv_cache, slot_mapping, block_tables, seq_lens, query_start_loc, scale)
+    impl = resolve_impl(q.device, softcap=True)
+    return impl(q, k, v, kv_cache, slot_mapping, block_tables, seq_lens, query_start_loc, scale, softcap=softcap)
 
 
 @paged_attention_op.register_fake
-def _(q, k, v, kv_cache, slot_mapping, block_tables, seq_lens, query_start_loc, scale):
+def _(q, k, v, kv_cache, slot_mapping, block_tables, seq_lens, query_start_loc, scale, softcap=0.0):
     check_inputs(q, k, v, kv_cache, slot_mapping, block_tables, seq_lens, query_start_loc)
     return q.new_empty(q.shape)
 
@@ -239,26 +266,29 @@ def _(q, k, v, kv_cache, slot_mapping, block_tables, seq_lens, query_start_loc, 
 def paged_attention_int8kv_op(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, kv_cache: torch.Tensor,
                               slot_mapping: torch.Tensor, block_tables: torch.Tensor,
                               seq_lens: torch.Tensor, query_start_loc: torch.Tensor,
-                              scale: float, kv_scales: torch.Tensor) -> torch.Tensor:
+                              scale: float, kv_scales: torch.Tensor, softcap: float = 0.0) -> torch.Tensor:
     """paged_attention over an int8 kv_cache with per-token, per-head float32 kv_scales (module docstring)."""
     check_inputs(q, k, v, kv_cache, slot_mapping, block_tables, seq_lens, query_start_loc)
     check_scales(kv_cache, kv_scales)
-    impl = resolve_impl(q.device, int8_kv=True)
-    return impl(q, k, v, kv_cache, slot_mapping, block_tables, seq_lens, query_start_loc, scale, kv_scales)
+    impl = resolve_impl(q.device, int8_kv=True, softcap=bool(softcap))
+    return impl(q, k, v, kv_cache, slot_mapping, block_tables, seq_lens, query_start_loc, scale, kv_scales,
+                softcap=softcap)
 
 
 @paged_attention_int8kv_op.register_fake
-def _(q, k, v, kv_cache, slot_mapping, block_tables, seq_lens, query_start_loc, scale, kv_scales):
+def _(q, k, v, kv_cache, slot_mapping, block_tables, seq_lens, query_start_loc, scale, kv_scales, softcap=0.0):
     check_inputs(q, k, v, kv_cache, slot_mapping, block_tables, seq_lens, query_start_loc)
     check_scales(kv_cache, kv_scales)
     return q.new_empty(q.shape)
 
 
 def paged_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, kv_cache: torch.Tensor,
-                    meta: AttentionMetadata, scale: float, kv_scales: torch.Tensor | None = None) -> torch.Tensor:
+                    meta: AttentionMetadata, scale: float, kv_scales: torch.Tensor | None = None,
+                    softcap: float = 0.0) -> torch.Tensor:
     """Model-side entry point: the op with its metadata taken from an AttentionMetadata
-    (kv_scales given: the int8 KV op)."""
+    (kv_scales given: the int8 KV op; softcap > 0: soft-capped scores)."""
     args = (q, k, v, kv_cache, meta.slot_mapping, meta.block_tables, meta.seq_lens, meta.query_start_loc, scale)
+    extra = {"softcap": softcap} if softcap else {}
     if kv_scales is not None:
-        return torch.ops.trtforge.paged_attention_int8kv(*args, kv_scales)
-    return torch.ops.trtforge.paged_attention(*args)
+        return torch.ops.trtforge.paged_attention_int8kv(*args, kv_scales, **extra)
+    return torch.ops.trtforge.paged_attention(*args, **extra)

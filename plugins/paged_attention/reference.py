@@ -7,6 +7,10 @@ its only job is to be easy to believe.
 int8 KV (`kv_scales` given; op.py's contract): each new token's K and V rows are quantised per
 head — scale = max|x| / 127 over the head's D values, q = round(x / scale) (half to even), so every
 stored value is within scale / 2 of the input — and read back as q * scale in float32.
+
+Soft-capping (`softcap` > 0; Gemma 2's attn_logit_softcapping): every scaled score s becomes
+softcap * tanh(s / softcap) before the causal mask and the softmax, as transformers' eager attention
+does. 0 (the default) leaves the scores as they are.
 """
 
 from __future__ import annotations
@@ -80,11 +84,12 @@ def context_kv(kv_cache: torch.Tensor, kv_scales: torch.Tensor | None, block_tab
 
 
 def paged_attention(q, k, v, kv_cache, slot_mapping, block_tables, seq_lens, query_start_loc,
-                    scale: float, kv_scales: torch.Tensor | None = None) -> torch.Tensor:
+                    scale: float, kv_scales: torch.Tensor | None = None, softcap: float = 0.0) -> torch.Tensor:
     """Write k/v into kv_cache, then causal attention of each new token over its context.
 
     Shapes and meaning: the op contract in op.py (and docs/architecture.md). Returns [T, Hq, D] in q's dtype.
     kv_scales: the int8 KV pool's scales (None: kv_cache holds the values themselves).
+    softcap: > 0 caps the scaled scores at ±softcap (softcap * tanh(s / softcap)); 0: no capping.
     """
     write_kv(kv_cache, k, v, slot_mapping, kv_scales)
     num_heads, num_kv_heads = q.shape[1], kv_cache.shape[-2]
@@ -101,6 +106,8 @@ def paged_attention(q, k, v, kv_cache, slot_mapping, block_tables, seq_lens, que
         values = values.repeat_interleave(group, dim=1)  # [L, Hq, D]
         query = q[start:end].float()                     # [n, Hq, D]
         scores = torch.einsum("nhd,lhd->hnl", query, keys) * scale  # [Hq, n, L]
+        if softcap:
+            scores = torch.tanh(scores / softcap) * softcap
         # New token j sits at absolute position seq_len - num_new + j and sees 0..that position.
         positions = seq_len - num_new + torch.arange(num_new)
         visible = torch.arange(seq_len)[None, :] <= positions[:, None]  # [n, L]

@@ -15,8 +15,9 @@ size, with their argument tuples built once:
 Like `CudaGraphRunner`, the executor asks `can_run` per step and falls back to the network for
 everything else (prefill chunks, mixed steps, more than `MAX_ROWS` tokens — `GEMV_MAX_ROWS` for an
 engine with float-activation quantized linears — and long contexts). Only
-Llama-style networks qualify (RMSNorm, gated SiLU MLP, RoPE, no q/k norm); others keep the network
-path. Results equal the network's up to float32 rounding (tests/serving/worker/test_cpu_decode_plan.py).
+Llama-style networks qualify (RMSNorm, gated SiLU MLP, whole-head RoPE, no q/k norm, none of the
+Gemma / Phi-3 switches: `ModelConfig.switches_beyond_llama`); others keep the network path.
+Results equal the network's up to float32 rounding (tests/serving/worker/test_cpu_decode_plan.py).
 Weight-only quantized engines run the same plan with the quantized GEMV (plugins/cpu/quant_linear.c)
 for their decoder linears (QuantLinear) and their LM head when it is quantized too (a tied one also
 supplies the embeddings: QuantEmbedding dequantises the looked-up rows) — the int8-activation kernel
@@ -111,7 +112,7 @@ class CpuDecodePlan:
         if getattr(network, "shard", None) is not None:  # a tensor-parallel rank: no place for the all-reduce
             return None
         llama_style = (c.norm == "rms" and c.gated_mlp and c.activation == "silu" and c.position == "rope"
-                       and not c.qk_norm)
+                       and not c.qk_norm and not c.switches_beyond_llama())
         linears = _linears(network) if llama_style else []
         if not llama_style or not all(_plan_linear(m) for m in linears):
             return None
@@ -194,7 +195,7 @@ class CpuDecodePlan:
         rope = (qkv, cos.data_ptr(), sin.data_ptr(), t, hq + hkv, row, d)
         _, num_blocks, block_size, _, _ = self.kv_caches[0].shape
         attention = (m.slot_mapping.data_ptr(), m.block_tables.data_ptr(), m.block_tables.shape[1],
-                     m.seq_lens.data_ptr(), buf["attn"].data_ptr(), t, hq, hkv, d, d ** -0.5, threads)
+                     m.seq_lens.data_ptr(), buf["attn"].data_ptr(), t, hq, hkv, d, d ** -0.5, 0.0, threads)
         k, v = qkv + 4 * hq * d, qkv + 4 * (hq + hkv) * d  # byte offsets of the k and v heads
         rope_fn = self.fused.trtforge_rope
         if self.kv_scales is None:

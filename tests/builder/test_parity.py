@@ -96,7 +96,7 @@ BF16_VS_HF_BF16 = 0.1
 BF16_VS_FP32 = 0.5
 
 
-@pytest.mark.parametrize("name", ["qwen2-gqa-bias-tied", "gpt2-untied"])
+@pytest.mark.parametrize("name", ["qwen2-gqa-bias-tied", "gpt2-untied", "gemma2-softcap", "gemma3-local-rope"])
 def test_bfloat16_engine_close_to_float32(tmp_path, name):
     ckpt = make_variant(tmp_path / "ckpt", name)
     hf32, hf16 = _hf(ckpt), _hf(ckpt, torch.bfloat16)

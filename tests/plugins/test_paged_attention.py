@@ -70,9 +70,10 @@ def context_from_pool(case, s: int, pool_index: int) -> torch.Tensor:
     return pool[table[positions // bs] * bs + positions % bs]
 
 
-def dense_causal_attention(q, keys, values, first_pos: int, scale: float) -> torch.Tensor:
+def dense_causal_attention(q, keys, values, first_pos: int, scale: float, softcap: float = 0.0) -> torch.Tensor:
     """Textbook attention, one head at a time: q [n, Hq, D] at positions first_pos.., keys/values
-    [L, Hkv, D] -> [n, Hq, D], float64 so it is well below every tolerance used here."""
+    [L, Hkv, D] -> [n, Hq, D], float64 so it is well below every tolerance used here. softcap > 0:
+    scores capped as Gemma 2 does (softcap * tanh(s / softcap))."""
     n, num_heads, _ = q.shape
     group = num_heads // keys.shape[1]
     q, keys, values = q.double(), keys.double(), values.double()
@@ -80,6 +81,8 @@ def dense_causal_attention(q, keys, values, first_pos: int, scale: float) -> tor
     causal = torch.ones(n, keys.shape[0]).tril(diagonal=first_pos).bool()
     for h in range(num_heads):
         scores = (q[:, h] @ keys[:, h // group].T) * scale
+        if softcap:
+            scores = softcap * torch.tanh(scores / softcap)
         scores[~causal] = -math.inf
         weights = scores.exp() / scores.exp().sum(-1, keepdim=True)
         out[:, h] = weights @ values[:, h // group]
@@ -333,3 +336,82 @@ def test_op_names_are_the_published_contract():
     assert names.INPUT_NAMES == ("q", "k", "v", "kv_cache", "slot_mapping", "block_tables", "seq_lens",
                                  "query_start_loc")
     assert names.OUTPUT_NAMES == ("out", "kv_cache_out")
+
+
+# ---- attention soft-capping (Gemma 2's attn_logit_softcapping): the `softcap` argument -------------------
+SOFTCAP = 2.0  # small against these random scores (|s| up to ~4), so tanh bends them visibly
+
+
+@pytest.mark.parametrize("cached,new", [(0, 23), (19, 6)])
+def test_reference_softcap_matches_dense_attention(cached, new):
+    case = make_case([(cached, new)], block_size=4, num_heads=6, num_kv_heads=2, seed=3)
+    case.q = case.q * 3  # scores well past the cap
+    keys = torch.cat([context_from_pool(case, 0, 0)[:cached], case.k])
+    values = torch.cat([context_from_pool(case, 0, 1)[:cached], case.v])
+    expected = dense_causal_attention(case.q, keys, values, cached, case.scale, SOFTCAP)
+    got = reference.paged_attention(*case.op_args(), softcap=SOFTCAP)
+    torch.testing.assert_close(got.double(), expected, **FP32_TOL)
+    uncapped = dense_causal_attention(case.q, keys, values, cached, case.scale)
+    assert (expected - uncapped).abs().max() > 0.1, "the cap must change the answer for this test to mean anything"
+
+
+@pytest.mark.parametrize("block_size", [1, 16])
+@pytest.mark.parametrize("scenario", SCENARIOS)
+def test_cpu_softcap_matches_reference(scenario, block_size, torch_decode):
+    """The torch path (decode batch, prompt, chunk after cached context), not the C kernel."""
+    case = make_case(SCENARIOS[scenario], block_size=block_size, num_heads=6, num_kv_heads=2, seed=5)
+    case.q = case.q * 3
+    expected = reference.paged_attention(*case.clone().op_args(), softcap=SOFTCAP)
+    torch.testing.assert_close(cpu.paged_attention(*case.op_args(), softcap=SOFTCAP), expected, **FP32_TOL)
+
+
+@pytest.mark.parametrize("group", [1, 3])
+@pytest.mark.parametrize("block_size", [1, 16])
+@pytest.mark.usefixtures("each_isa")
+def test_native_decode_softcap_matches_reference(block_size, group):
+    seqs = [(15, 1), (16, 1), (31, 1), (47, 1), (0, 1), (66, 1)]
+    case = make_case(seqs, block_size=block_size, num_heads=2 * group, num_kv_heads=2, head_dim=24, seed=group)
+    case.q = case.q * 3
+    ref_case = case.clone()
+    expected = reference.paged_attention(*ref_case.op_args(), softcap=SOFTCAP)
+    args = case.op_args()
+    assert cpu_native.applies(*args[:7], case.meta.seq_lens.tolist())
+    torch.testing.assert_close(cpu_native.decode(*args[:7], case.scale, None, SOFTCAP), expected, **FP32_TOL)
+    assert torch.equal(case.kv_cache, ref_case.kv_cache)
+
+
+@pytest.mark.parametrize("scenario", ["mixed", "decode"])
+def test_int8_kv_softcap_matches_reference(scenario):
+    """Both int8 paths (the C kernel for the decode step, the torch path for the mixed one)."""
+    case = make_case(SCENARIOS[scenario], block_size=16, num_heads=4, num_kv_heads=2, seed=9).int8_kv()
+    case.q = case.q * 3
+    expected = reference.paged_attention(*case.clone().op_args(), softcap=SOFTCAP)
+    torch.testing.assert_close(cpu.paged_attention(*case.op_args(), softcap=SOFTCAP), expected, **FP32_TOL)
+
+
+@pytest.mark.parametrize("impl", ["reference", "cpu"])
+def test_op_takes_softcap(impl):
+    """Through torch.ops (what traced graphs call), the schema's default left as it was, and opcheck."""
+    case = make_case(SCENARIOS["mixed"], block_size=16, num_heads=4, num_kv_heads=2)
+    expected = reference.paged_attention(*case.clone().op_args(), softcap=SOFTCAP)
+    force(impl)
+    torch.testing.assert_close(torch.ops.trtforge.paged_attention(*case.clone().op_args(), softcap=SOFTCAP),
+                               expected, **FP32_TOL)
+    meta = case.meta
+    got = pa.paged_attention(case.q, case.k, case.v, case.kv_cache.clone(), meta, case.scale, softcap=SOFTCAP)
+    torch.testing.assert_close(got, expected, **FP32_TOL)
+    small = make_case([(3, 2), (5, 1)], block_size=4, num_heads=4, num_kv_heads=2, head_dim=8)
+    torch.library.opcheck(torch.ops.trtforge.paged_attention.default, small.op_args(), {"softcap": SOFTCAP})
+    assert "float softcap=0." in str(torch.ops.trtforge.paged_attention.default._schema)
+
+
+def test_softcap_is_never_sent_to_triton():
+    """Triton has no soft-capping: the auto preference falls through to the torch path, a request
+    by name is refused (before importing anything), and the Triton adapter refuses it too."""
+    cuda = torch.device("cuda")
+    assert op.attention_impl(("triton", "cpu"), cuda, softcap=True).name == "cpu"
+    with pytest.raises(RuntimeError, match="no score soft-capping"):
+        op.attention_impl(("triton",), cuda, softcap=True)
+    case = make_case([(3, 2)], block_size=4, num_heads=4, num_kv_heads=2, head_dim=8)
+    with pytest.raises(RuntimeError, match="no score soft-capping"):
+        op._triton_impl(*case.op_args(), softcap=SOFTCAP)

@@ -111,3 +111,25 @@ def test_check_graph_rejects_a_foreign_custom_node(exported, tmp_path):
 def test_verify_onnx_without_export_record_says_what_to_do(tmp_path):
     result = CliRunner().invoke(verify_onnx_cmd, [str(tmp_path)])
     assert result.exit_code != 0 and "trtforge export-onnx" in result.output
+
+
+@pytest.mark.parametrize("variant", ["phi3-partial-rope", "gemma3-local-rope", "gemma2-softcap"])
+def test_new_families_export_or_are_refused_by_name(variant, tmp_path):
+    """Phi-3 (partial RoPE) and Gemma 3 (q/k norm, two RoPEs, sandwich norms, scaled embeddings, a final-logit
+    cap) are plain torch around the op: exported and verified under ONNX Runtime. Gemma 2's attention
+    soft-capping is not in the ONNX node (nor the TensorRT plugin): refused with its name."""
+    from tests.helpers.checkpoints import make_variant
+    from trtforge.builder.build import build_engine
+    from trtforge.builder.build_config import BuildConfig
+
+    ckpt = make_variant(tmp_path / "ckpt", variant)
+    engine, _ = build_engine(str(ckpt), tmp_path / "engine", BuildConfig(
+        dtype="float32", max_batch_size=4, max_num_tokens=64, max_seq_len=64, kv_block_size=4,
+        kv_cache_memory="1MiB"), progress=False)
+    result = CliRunner().invoke(export_onnx_cmd, [str(engine), str(tmp_path / "onnx")])
+    if variant.startswith("gemma2"):
+        assert result.exit_code != 0 and "attn_logit_softcapping" in result.output
+        return
+    assert result.exit_code == 0, result.output
+    result = CliRunner().invoke(verify_onnx_cmd, [str(tmp_path / "onnx")])
+    assert result.exit_code == 0 and "-> OK" in result.output, result.output
