@@ -218,7 +218,8 @@ def test_a_cancelled_stream_frees_its_blocks_and_bad_requests_fail_alone(fleet):
                                        stream=True, extra_body={"ignore_eos": True})
     for _, _chunk in zip(range(3), stream):
         pass
-    assert any(w.cache_usage > 0 for w in fleet.workers)  # the request holds blocks
+    # The request holds blocks (the load snapshot is published at most every 50 ms: wait for it).
+    _wait(lambda: any(w.cache_usage > 0 for w in fleet.workers), 5, "the running request's blocks show")
     stream.close()
     _wait(lambda: _idle(fleet), 10, "the cancelled request's blocks are freed")
     import openai
