@@ -198,8 +198,8 @@ def _raise_shutdown(signum: int, _frame: object) -> None:
     raise _Shutdown(signal.Signals(signum).name)
 
 
-OPENAI_ONLY_OPTIONS = ("openai_host", "served_model_name", "api_key", "api_keys_file", "api_key_cache_salt",
-                       "max_request_bytes", "max_prompt_chars")
+OPENAI_ONLY_OPTIONS = ("openai_host", "served_model_name", "served_engine_dir", "api_key", "api_keys_file",
+                       "api_key_cache_salt", "max_request_bytes", "max_prompt_chars")
 """`serve` options that mean something only with --openai-port."""
 
 
@@ -246,6 +246,10 @@ def _read_keys(path: str | None) -> tuple[str, ...]:
                    "0.0.0.0 (or ::) opens it to the network; give it --api-key then.")
 @click.option("--served-model-name", default=None,
               help="Model id of the OpenAI-compatible API. Default: the engine directory's name.")
+@click.option("--served-engine-dir", type=click.Path(exists=True, file_okay=False), default=None,
+              help="Engine directory whose tokenizer and limits the OpenAI-compatible API uses, instead "
+                   "of the one the repository names: for a disaggregated router on its own host "
+                   "(`emit-repo --only router`), a copy of the engine the phase models serve.")
 @click.option("--api-key", envvar="TRTFORGE_API_KEY", show_envvar=True, default=None,
               help="Require 'Authorization: Bearer KEY' on every route of the OpenAI-compatible API "
                    "but /health (401 otherwise). Prefer the environment variable: other users see "
@@ -267,8 +271,9 @@ def _read_keys(path: str | None) -> tuple[str, ...]:
 def serve_command(repo: str, http_port: int, grpc_port: int, metrics_port: int,
                   tritonserver: str | None, ready_timeout: float, log_file: str | None,
                   openai_port: int | None, openai_host: str,
-                  served_model_name: str | None, api_key: str | None, api_keys_file: str | None,
-                  api_key_cache_salt: bool, max_request_bytes: int | None, max_prompt_chars: int | None) -> None:
+                  served_model_name: str | None, served_engine_dir: str | None, api_key: str | None,
+                  api_keys_file: str | None, api_key_cache_salt: bool, max_request_bytes: int | None,
+                  max_prompt_chars: int | None) -> None:
     """Run Triton Inference Server on REPO in the foreground; Ctrl-C / SIGTERM stops it.
 
     With --openai-port, an OpenAI-compatible API runs beside it, forwarding to Triton."""
@@ -286,7 +291,7 @@ def serve_command(repo: str, http_port: int, grpc_port: int, metrics_port: int,
     server = TritonServer(Path(repo), http_port=http_port, grpc_port=grpc_port,
                           metrics_port=metrics_port, tritonserver=tritonserver,
                           log_file=Path(log_file) if log_file else None)
-    frontend = OpenAIFrontend(repo, openai_host, openai_port, served_model_name, limits)
+    frontend = OpenAIFrontend(repo, openai_host, openai_port, served_model_name, limits, served_engine_dir)
     previous = {s: signal.signal(s, _raise_shutdown) for s in (signal.SIGINT, signal.SIGTERM)}
     try:
         frontend.prepare()  # a repository it cannot serve fails before Triton starts

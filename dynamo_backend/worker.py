@@ -127,7 +127,8 @@ class TrtforgeEngine(LLMEngine):
                     n = len(item.output_token_ids)
                     chunk["completion_usage"] = {
                         "prompt_tokens": item.num_prompt_tokens, "completion_tokens": n,
-                        "total_tokens": item.num_prompt_tokens + n}
+                        "total_tokens": item.num_prompt_tokens + n,
+                        "prompt_tokens_details": {"cached_tokens": item.num_cached_tokens}}
                     yield chunk
                     return
                 yield chunk

@@ -1,4 +1,4 @@
-"""POST /v1/completions and POST /v1/chat/completions.
+"""POST /v1/completions and POST /v1/chat/completions (and vLLM's POST /tokenize, /detokenize).
 
 Both build a prompt, send it to the ensemble, and answer either at once (with `usage`) or as
 server-sent events ending in `data: [DONE]`. A streamed request waits for the model's first
@@ -34,8 +34,16 @@ from trtforge.frontend.responses import (
     ChatResponseMessage,
     Completion,
     CompletionChoice,
+    DetokenizeResponse,
+    TokenizeResponse,
 )
-from trtforge.frontend.schemas import ChatCompletionRequest, CompletionRequest, SamplingFields
+from trtforge.frontend.schemas import (
+    ChatCompletionRequest,
+    CompletionRequest,
+    DetokenizeRequest,
+    SamplingFields,
+    TokenizeRequest,
+)
 from trtforge.frontend.served_model import ServedModel
 from trtforge.frontend.streaming import DONE, ClientGone, SSEResponse, sse, sse_error, unless_disconnected
 from trtforge.frontend.triton_bridge import Piece, TritonBridge
@@ -87,11 +95,12 @@ def _check_model(request: Request, model: str) -> ServedModel:
     return served
 
 
-def _check_prompt_size(request: Request, texts: list[str], body: SamplingFields,
+def _check_prompt_size(request: Request, texts: list[str], body: SamplingFields | TokenizeRequest,
                        param: str) -> None:
     """400 when the prompt text (with the stop strings) is over the cap: before tokenizing."""
     limits: Limits = request.app.state.limits
-    chars = sum(map(len, texts)) + sum(map(len, body.stop_list()))
+    stops = body.stop_list() if isinstance(body, SamplingFields) else []
+    chars = sum(map(len, texts)) + sum(map(len, stops))
     if chars > limits.max_prompt_chars:
         raise bad_request(
             f"The {param} and stop strings hold {chars} characters; this server takes at most "
@@ -106,15 +115,9 @@ async def _offload(request: Request, fn: Callable[..., T], *args: Any) -> T:
     return await loop.run_in_executor(request.app.state.tokenizer_pool, job)
 
 
-async def _settle(request: Request, tally: Tally) -> None:
-    """Count the prompt's tokens off the loop when the model did not say (usage's fallback)."""
-    if tally.num_input_tokens is None:
-        tally.num_input_tokens = await _offload(request, tally.served.count_tokens, tally.prompt)
-
-
 async def _stream(request: Request, call: Call, body: SamplingFields,
                   chunks: Callable[[Piece, list[str]], str | None],
-                  head: str | None, tail: Callable[[str], str],
+                  head: str | None, tail: Callable[[Tally], str],
                   usage_chunk: Callable[[], str]) -> Response:
     """An SSE answer: head, one chunk per response with something in it, the finish chunk,
     the usage chunk when asked, [DONE]. Errors before the first response get their status."""
@@ -131,9 +134,8 @@ async def _stream(request: Request, call: Call, body: SamplingFields,
                 chunk = chunks(piece, call.tally.add(piece))
                 if chunk is not None:
                     yield chunk
-            yield tail(call.tally.finish_reason())
+            yield tail(call.tally)
             if body.include_usage():
-                await _settle(request, call.tally)
                 yield usage_chunk()
             yield DONE
         except APIError as exc:
@@ -158,15 +160,19 @@ async def _collect(request: Request, call: Call) -> bool:
 
 async def create_completion(body: CompletionRequest, request: Request) -> Response | Completion:
     """POST /v1/completions."""
-    _check_model(request, body.model)
+    served = _check_model(request, body.model)
     _check_prompt_size(request, [body.prompt_text()], body, "prompt")
     max_tokens = body.max_tokens or COMPLETIONS_DEFAULT_MAX_TOKENS
     call = await _call(request, body, body.prompt_text(), max_tokens, "cmpl")
-    want_logprobs = body.logprobs is not None
+    want_logprobs, want_top = body.wants_logprobs(), body.num_top_logprobs()
+    echo = body.prompt_text() if body.echo else ""
     usage_excluded = None if body.include_usage() else {"usage"}
 
     def chunk(choices: list[CompletionChoice]) -> Completion:
         return Completion(id=call.id, created=call.created, model=call.model, choices=choices)
+
+    def last(tally: Tally) -> CompletionChoice:
+        return CompletionChoice(text="", finish_reason=tally.finish_reason(), stop_reason=tally.stop_reason())
 
     if body.stream:
         offset = [0]
@@ -174,21 +180,23 @@ async def create_completion(body: CompletionRequest, request: Request) -> Respon
         def piece_chunk(piece: Piece, texts: list[str]) -> str | None:
             if not piece.text and not (want_logprobs and texts):
                 return None
-            logprobs = completion_logprobs(texts, piece.logprobs, offset[0]) if want_logprobs else None
+            logprobs = completion_logprobs(served, texts, piece.logprobs, piece.top_logprobs or [], want_top,
+                                           offset[0]) if want_logprobs else None
             offset[0] += len(piece.text)
             return sse(chunk([CompletionChoice(text=piece.text, logprobs=logprobs)]), usage_excluded)
 
+        head = sse(chunk([CompletionChoice(text=echo)]), usage_excluded) if echo else None
         return await _stream(
-            request, call, body, piece_chunk, None,
-            lambda reason: sse(chunk([CompletionChoice(text="", finish_reason=reason)]), usage_excluded),
+            request, call, body, piece_chunk, head,
+            lambda tally: sse(chunk([last(tally)]), usage_excluded),
             lambda: sse(chunk([]).model_copy(update={"usage": call.tally.usage()})))
     if not await _collect(request, call):
         return Response(status_code=499)
     tally = call.tally
-    await _settle(request, tally)
-    logprobs = completion_logprobs(tally.token_texts, tally.logprobs) if want_logprobs else None
-    answer = chunk([CompletionChoice(text=tally.text, logprobs=logprobs,
-                                     finish_reason=tally.finish_reason())])
+    logprobs = completion_logprobs(served, tally.token_texts, tally.logprobs, tally.top_logprobs,
+                                   want_top) if want_logprobs else None
+    answer = chunk([CompletionChoice(text=echo + tally.text, logprobs=logprobs,
+                                     finish_reason=tally.finish_reason(), stop_reason=tally.stop_reason())])
     return answer.model_copy(update={"usage": tally.usage()})
 
 
@@ -204,7 +212,7 @@ async def create_chat_completion(body: ChatCompletionRequest,
     max_tokens = body.token_limit() or max(
         1, served.max_seq_len - await _offload(request, served.count_tokens, prompt))
     call = await _call(request, body, prompt, max_tokens, "chatcmpl")
-    want_logprobs = bool(body.logprobs)
+    want_logprobs, want_top = body.wants_logprobs(), body.num_top_logprobs()
     usage_excluded = None if body.include_usage() else {"usage"}
 
     def chunk(choices: list[ChatChunkChoice]) -> ChatCompletionChunk:
@@ -215,7 +223,8 @@ async def create_chat_completion(body: ChatCompletionRequest,
         def piece_chunk(piece: Piece, texts: list[str]) -> str | None:
             if not piece.text and not (want_logprobs and texts):
                 return None
-            logprobs = chat_logprobs(texts, piece.logprobs) if want_logprobs else None
+            logprobs = chat_logprobs(served, texts, piece.logprobs, piece.top_logprobs or [],
+                                     want_top) if want_logprobs else None
             return sse(chunk([ChatChunkChoice(delta=ChatDelta(content=piece.text),
                                               logprobs=logprobs)]), usage_excluded)
 
@@ -223,16 +232,46 @@ async def create_chat_completion(body: ChatCompletionRequest,
                    usage_excluded)
         return await _stream(
             request, call, body, piece_chunk, head,
-            lambda reason: sse(chunk([ChatChunkChoice(delta=ChatDelta(), finish_reason=reason)]),
-                               usage_excluded),
+            lambda tally: sse(chunk([ChatChunkChoice(delta=ChatDelta(), finish_reason=tally.finish_reason(),
+                                                     stop_reason=tally.stop_reason())]), usage_excluded),
             lambda: sse(chunk([]).model_copy(update={"usage": call.tally.usage()})))
     if not await _collect(request, call):
         return Response(status_code=499)
     tally = call.tally
-    await _settle(request, tally)
     choice = ChatChoice(message=ChatResponseMessage(content=tally.text),
-                        logprobs=chat_logprobs(tally.token_texts, tally.logprobs)
-                        if want_logprobs else None,
-                        finish_reason=tally.finish_reason())
+                        logprobs=chat_logprobs(served, tally.token_texts, tally.logprobs, tally.top_logprobs,
+                                               want_top) if want_logprobs else None,
+                        finish_reason=tally.finish_reason(), stop_reason=tally.stop_reason())
     return ChatCompletion(id=call.id, created=call.created, model=call.model, choices=[choice],
                           usage=tally.usage())
+
+
+async def tokenize(body: TokenizeRequest, request: Request) -> TokenizeResponse:
+    """POST /tokenize (vLLM's): the token ids of a prompt, or of chat messages through the template."""
+    served = _check_model(request, body.model)
+    if body.messages is not None:
+        _check_prompt_size(request, [part for m in body.messages for part in (m.text(), m.name or "")],
+                           body, "messages")
+        text = await _offload(request, served.chat_prompt, body.messages)
+    else:
+        _check_prompt_size(request, [body.prompt or ""], body, "prompt")
+        text = body.prompt or ""
+
+    def encode() -> list[int]:
+        if body.add_special_tokens:
+            return list(served.tokenizer.encode(text, add_special_tokens=True))
+        return served.encode(text)
+
+    tokens = await _offload(request, encode)
+    strs = [served.token_text(t) for t in tokens] if body.return_token_strs else None
+    return TokenizeResponse(count=len(tokens), max_model_len=served.max_seq_len, tokens=tokens, token_strs=strs)
+
+
+async def detokenize(body: DetokenizeRequest, request: Request) -> DetokenizeResponse:
+    """POST /detokenize (vLLM's): the text of token ids."""
+    served = _check_model(request, body.model)
+    vocab = served.vocab_size
+    bad = [t for t in body.tokens if t >= vocab]
+    if bad:
+        raise bad_request(f"token ids {bad[:5]} are outside the vocabulary (0..{vocab - 1})", param="tokens")
+    return DetokenizeResponse(prompt=await _offload(request, served.decode, body.tokens))

@@ -4,11 +4,11 @@ Defaults are OpenAI's where the request leaves a field out (temperature 1, top_p
 `max_tokens` 16, chat up to the context length); the ensemble's own defaults (greedy) apply only
 to what OpenAI does not define.
 
-The ensemble does not say why a request finished. Finish reasons are derived from the counts it
-returns: `length` when the request produced its `max_tokens` tokens (the engine refuses a
-request whose prompt + max_tokens exceeds max_seq_len, so that is the only limit), otherwise
-`stop` (an EOS token or a stop string). A request whose EOS or stop string falls exactly on its
-last allowed token is therefore reported as `length` (docs/serving.md says so too).
+Usage and finish reasons are the engine's own: the ensemble's last response carries
+`num_input_tokens`, `num_output_tokens`, `num_cached_tokens` (usage.prompt_tokens_details),
+`finish_reason` (stop | length) and `stop_reason` / `stop_token_id` (vLLM's `stop_reason`).
+Log-probabilities are asked for only when the client wants them (`return_log_probs`, and
+`num_top_logprobs` for alternatives).
 """
 
 from __future__ import annotations
@@ -19,7 +19,16 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from trtforge.frontend.responses import ChatLogprob, ChatLogprobs, CompletionLogprobs, FinishReason, Usage
+from trtforge.frontend.errors import server_error
+from trtforge.frontend.responses import (
+    ChatLogprob,
+    ChatLogprobs,
+    CompletionLogprobs,
+    FinishReason,
+    PromptTokensDetails,
+    TopLogprob,
+    Usage,
+)
 from trtforge.frontend.schemas import SamplingFields
 from trtforge.frontend.served_model import ServedModel
 from trtforge.frontend.triton_bridge import Piece
@@ -41,16 +50,18 @@ def csv_field(word: str) -> str:
 
 def ensemble_inputs(req: SamplingFields, prompt: str, max_tokens: int,
                     cache_salt: str | None = None) -> dict[str, np.ndarray]:
-    """The ensemble's input arrays for one request: streamed, with per-token log-probabilities
-    (they count the completion tokens and carry `logprobs` when asked). `cache_salt`: the
+    """The ensemble's input arrays for one request: streamed; with per-token log-probabilities
+    (and `num_top_logprobs` alternatives) when the client asked for them. `cache_salt`: the
     request's prefix-cache salt as the guard resolved it (guard.request_cache_salt)."""
     top_p = req.top_p
     if top_p == 0.0:
         top_p = TOP_P_MOST_LIKELY
     stops = [csv_field(word) for word in req.stop_list()]
     guide_type, guide = req.guide()  # structured output: response_format / structured_outputs
+    top = req.num_top_logprobs()
     return request_arrays(
-        prompt, max_tokens, stream=True, return_log_probs=True, exclude_input_in_output=True,
+        prompt, max_tokens, stream=True, return_log_probs=req.wants_logprobs() or None,
+        num_top_logprobs=top or None, exclude_input_in_output=True,
         temperature=OPENAI_TEMPERATURE if req.temperature is None else req.temperature,
         top_p=top_p, top_k=req.top_k, seed=req.seed, presence_penalty=req.presence_penalty,
         frequency_penalty=req.frequency_penalty, stop_words=stops or None,
@@ -67,11 +78,13 @@ class Tally:
     max_tokens: int
     text: str = ""
     token_texts: list[str] = field(default_factory=list)
-    """The text each generated token added: a response's text goes to its first token (a token
-    whose text the server held back, e.g. half a UTF-8 character, adds "")."""
+    """The text each generated token added (when log-probabilities are asked for: a response's
+    text goes to its first token; a token whose text the server held back, e.g. half a UTF-8
+    character, adds "")."""
     logprobs: list[float] = field(default_factory=list)
-    num_input_tokens: int | None = None
-    num_output_tokens: int | None = None
+    top_logprobs: list[list[tuple[int, float]]] = field(default_factory=list)
+    last: Piece | None = None
+    """The request's last response: the counts and why it finished."""
 
     def add(self, piece: Piece) -> list[str]:
         """Record a response; returns the token texts it added."""
@@ -79,42 +92,62 @@ class Tally:
         self.text += piece.text
         self.token_texts += texts
         self.logprobs += piece.logprobs
-        if piece.num_input_tokens is not None:
-            self.num_input_tokens = piece.num_input_tokens
-        if piece.num_output_tokens is not None:
-            self.num_output_tokens = piece.num_output_tokens
+        self.top_logprobs += piece.top_logprobs or []
+        if piece.final or piece.finish_reason is not None:
+            self.last = piece
         return texts
 
-    def completion_tokens(self) -> int:
-        # The model's own count; each generated token carried one log-probability, so the
-        # fallback is exact too.
-        return len(self.logprobs) if self.num_output_tokens is None else self.num_output_tokens
+    def _ending(self) -> Piece:
+        last = self.last
+        if last is None or last.finish_reason is None or last.num_output_tokens is None \
+                or last.num_input_tokens is None:
+            # Every trtforge model sends them on its last response; one that does not is older
+            # than this front end (or not trtforge's): nothing true could be reported.
+            raise server_error("the ensemble's last response has no finish_reason / num_input_tokens / "
+                               "num_output_tokens outputs: the repository's models are older than this "
+                               "front end (re-emit it with `trtforge emit-repo`)")
+        return last
 
     def usage(self) -> Usage:
-        # The model's own prompt count; the fallback encodes the prompt as the engine does (the
-        # endpoints run it off the event loop first: endpoints._settle).
-        prompt = self.num_input_tokens
-        if prompt is None:
-            prompt = self.served.count_tokens(self.prompt)
-        completion = self.completion_tokens()
-        return Usage(prompt_tokens=prompt, completion_tokens=completion,
-                     total_tokens=prompt + completion)
+        last = self._ending()
+        prompt, completion = last.num_input_tokens, last.num_output_tokens
+        details = None if last.num_cached_tokens is None else PromptTokensDetails(cached_tokens=last.num_cached_tokens)
+        return Usage(prompt_tokens=prompt, completion_tokens=completion, total_tokens=prompt + completion,
+                     prompt_tokens_details=details)
 
     def finish_reason(self) -> FinishReason:
-        return "length" if self.completion_tokens() >= self.max_tokens else "stop"
+        return self._ending().finish_reason  # type: ignore[return-value]  # stop | length: others are errors
+
+    def stop_reason(self) -> str | int | None:
+        return self._ending().stop_reason
 
 
-def completion_logprobs(texts: list[str], logprobs: list[float],
+def completion_logprobs(served: ServedModel, texts: list[str], logprobs: list[float],
+                        top: list[list[tuple[int, float]]], want_top: int,
                         offset: int = 0) -> CompletionLogprobs:
-    """Legacy completions `logprobs` for tokens whose text starts at `offset`."""
+    """Legacy completions `logprobs` for tokens whose text starts at `offset`; with `want_top`
+    alternatives, each token's {text: logprob} of its most likely tokens."""
     offsets = []
     for text in texts:
         offsets.append(offset)
         offset += len(text)
-    return CompletionLogprobs(tokens=texts, token_logprobs=logprobs, text_offset=offsets)
+    alternatives = None
+    if want_top:
+        alternatives = []
+        for row in top:
+            entry: dict[str, float] = {}
+            for token_id, lp in row:  # two ids with one text: the likelier stays (first, as sorted)
+                entry.setdefault(served.token_text(token_id), lp)
+            alternatives.append(entry)
+    return CompletionLogprobs(tokens=texts, token_logprobs=logprobs, text_offset=offsets,
+                              top_logprobs=alternatives)
 
 
-def chat_logprobs(texts: list[str], logprobs: list[float]) -> ChatLogprobs:
+def chat_logprobs(served: ServedModel, texts: list[str], logprobs: list[float],
+                  top: list[list[tuple[int, float]]], want_top: int) -> ChatLogprobs:
+    rows = (list(top) + [[]] * len(texts))[:len(texts)] if want_top else [[]] * len(texts)
     return ChatLogprobs(content=[
-        ChatLogprob(token=text, logprob=lp, bytes=list(text.encode("utf-8")))
-        for text, lp in zip(texts, logprobs)])
+        ChatLogprob(token=text, logprob=lp, bytes=list(text.encode("utf-8")), top_logprobs=[
+            TopLogprob(token=(alt := served.token_text(token_id)), logprob=alt_lp, bytes=list(alt.encode("utf-8")))
+            for token_id, alt_lp in row])
+        for text, lp, row in zip(texts, logprobs, rows)])

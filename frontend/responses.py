@@ -13,10 +13,20 @@ from pydantic import BaseModel, Field
 FinishReason = Literal["stop", "length"]
 
 
+StopReason = int | str | None
+"""vLLM's `stop_reason` extension: the stop string, or the stop token id (EOS included), that ended
+the choice; null when it ended otherwise (its length)."""
+
+
+class PromptTokensDetails(BaseModel):
+    cached_tokens: int = Field(description="Prompt tokens served from the engine's prefix cache.")
+
+
 class Usage(BaseModel):
     prompt_tokens: int
     completion_tokens: int
     total_tokens: int
+    prompt_tokens_details: PromptTokensDetails | None = None
 
 
 class CompletionLogprobs(BaseModel):
@@ -25,6 +35,9 @@ class CompletionLogprobs(BaseModel):
     tokens: list[str] = Field(description="The text each token added (see docs/serving.md).")
     token_logprobs: list[float]
     text_offset: list[int]
+    top_logprobs: list[dict[str, float]] | None = Field(None, description=(
+        "With logprobs=K > 0: per token, its K most likely alternatives (each token's own text: "
+        "token text -> log-probability)."))
 
 
 class CompletionChoice(BaseModel):
@@ -32,6 +45,7 @@ class CompletionChoice(BaseModel):
     text: str
     logprobs: CompletionLogprobs | None = None
     finish_reason: FinishReason | None = None
+    stop_reason: StopReason = None
 
 
 class Completion(BaseModel):
@@ -45,10 +59,18 @@ class Completion(BaseModel):
     usage: Usage | None = None
 
 
+class TopLogprob(BaseModel):
+    token: str = Field(description="The alternative token's own text (decoded alone).")
+    logprob: float
+    bytes: list[int] | None = None
+
+
 class ChatLogprob(BaseModel):
     token: str = Field(description="The text this token added (see docs/serving.md).")
     logprob: float
     bytes: list[int] | None = None
+    top_logprobs: list[TopLogprob] = Field(default_factory=list, description=(
+        "The `top_logprobs` most likely tokens at this position, most likely first."))
 
 
 class ChatLogprobs(BaseModel):
@@ -65,6 +87,7 @@ class ChatChoice(BaseModel):
     message: ChatResponseMessage
     logprobs: ChatLogprobs | None = None
     finish_reason: FinishReason
+    stop_reason: StopReason = None
 
 
 class ChatCompletion(BaseModel):
@@ -86,6 +109,7 @@ class ChatChunkChoice(BaseModel):
     delta: ChatDelta
     logprobs: ChatLogprobs | None = None
     finish_reason: FinishReason | None = None
+    stop_reason: StopReason = None
 
 
 class ChatCompletionChunk(BaseModel):
@@ -95,6 +119,21 @@ class ChatCompletionChunk(BaseModel):
     model: str
     choices: list[ChatChunkChoice]
     usage: Usage | None = None
+
+
+class TokenizeResponse(BaseModel):
+    """POST /tokenize (vLLM's shape)."""
+
+    count: int
+    max_model_len: int = Field(description="Prompt + output tokens the engine allows per request.")
+    tokens: list[int]
+    token_strs: list[str] | None = None
+
+
+class DetokenizeResponse(BaseModel):
+    """POST /detokenize (vLLM's shape)."""
+
+    prompt: str
 
 
 class ModelCard(BaseModel):

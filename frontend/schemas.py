@@ -17,6 +17,9 @@ from pydantic import AfterValidator, BaseModel, ConfigDict, Field, field_validat
 INT32_MAX = (1 << 31) - 1
 UINT64_MAX = (1 << 64) - 1
 MAX_STOP_STRINGS = 16
+MAX_TOP_LOGPROBS = 20
+"""Most alternatives per token (OpenAI's chat limit and vLLM's default max_logprobs; the engine's
+SamplingParams bound)."""
 MAX_CACHE_SALT_CHARS = 256
 """Longest `cache_salt` a client may send (the engine's bound, 512, leaves room for an API key's
 salt in front of it)."""
@@ -146,6 +149,25 @@ class SamplingFields(BaseModel):
     structured_outputs: StructuredOutputs | None = Field(None, description=(
         "Extension (as vLLM): constrain the output to a JSON Schema, a regex, one of several choices "
         "or an EBNF grammar (docs/serving.md, Structured output)."))
+    prompt_logprobs: int | None = Field(None, description=(
+        "Extension (vLLM's): not supported (the engine computes logits at sampled positions only); "
+        "leave it out."), json_schema_extra={"enum": [None]})
+
+    @field_validator("prompt_logprobs")
+    @classmethod
+    def _no_prompt_logprobs(cls, value: int | None) -> int | None:
+        if value is not None:
+            raise ValueError(f"prompt_logprobs={value} is not supported by trtforge: the engine computes "
+                             "logits only where it samples a token, not at prompt positions; leave it out")
+        return value
+
+    def num_top_logprobs(self) -> int:
+        """Most likely alternatives asked for per generated token (0: none)."""
+        return 0
+
+    def wants_logprobs(self) -> bool:
+        """The client asked for the log-probabilities of the generated tokens."""
+        return False
 
     @field_validator("n")
     @classmethod
@@ -183,11 +205,12 @@ class CompletionRequest(SamplingFields):
         description="One text prompt (a list holding one string is accepted too).")
     max_tokens: int | None = Field(16, ge=1, le=INT32_MAX,
                                    description="Most tokens to generate (OpenAI's default, 16).")
-    logprobs: int | None = Field(None, ge=0, le=5, json_schema_extra=_only(0), description=(
-        "0: the log-probability of each generated token. Top alternatives (> 0) are not "
-        "available from the model."))
-    echo: bool | None = Field(False, json_schema_extra={"enum": [False, None]},
-                              description="Only false.")
+    logprobs: int | None = Field(None, ge=0, le=MAX_TOP_LOGPROBS, description=(
+        "The log-probability of each generated token, and this many most likely alternatives "
+        f"(0..{MAX_TOP_LOGPROBS}: OpenAI allows 5, vLLM 20)."))
+    echo: bool | None = Field(False, description=(
+        "true: the prompt text comes first in the answer's text (not with logprobs: the engine "
+        "has no prompt log-probabilities)."))
     best_of: int | None = Field(None, json_schema_extra=_only(1), description="Only 1.")
     suffix: str | None = Field(None, json_schema_extra={"maxLength": 0},
                                description="Not supported.")
@@ -201,18 +224,24 @@ class CompletionRequest(SamplingFields):
                              "batches and token-id prompts are not supported")
         return prompt
 
-    @field_validator("logprobs")
+    @field_validator("echo")
     @classmethod
-    def _no_top_logprobs(cls, logprobs: int | None) -> int | None:
-        if logprobs:
-            raise ValueError(f"logprobs={logprobs}: the model returns only the log-probability "
-                             "of each generated token; send logprobs=0")
-        return logprobs
+    def _echo_without_logprobs(cls, echo: bool | None, info: Any) -> bool | None:
+        if echo and info.data.get("logprobs") is not None:  # logprobs is declared (validated) first
+            raise ValueError("echo=true with logprobs needs the prompt's log-probabilities, which trtforge "
+                             "does not compute; send echo or logprobs, not both")
+        return echo
 
-    @field_validator("echo", "best_of", "suffix")
+    def num_top_logprobs(self) -> int:
+        return self.logprobs or 0
+
+    def wants_logprobs(self) -> bool:
+        return self.logprobs is not None
+
+    @field_validator("best_of", "suffix")
     @classmethod
     def _unsupported(cls, value: Any, info: Any) -> Any:
-        harmless = {"echo": (None, False), "best_of": (None, 1), "suffix": (None, "")}
+        harmless = {"best_of": (None, 1), "suffix": (None, "")}
         if not any(value is ok or (type(value) is type(ok) and value == ok)
                    for ok in harmless[info.field_name]):
             raise ValueError(f"{info.field_name}={value!r} is not supported by trtforge; "
@@ -287,19 +316,24 @@ class ChatCompletionRequest(SamplingFields):
     max_completion_tokens: int | None = Field(None, ge=1, le=INT32_MAX, description=(
         "Most tokens to generate (wins over max_tokens). Default: up to the context length."))
     logprobs: bool | None = False
-    top_logprobs: int | None = Field(None, ge=0, le=20, json_schema_extra=_only(0),
-                                     description="Only 0 (no alternatives).")
+    top_logprobs: int | None = Field(None, ge=0, le=MAX_TOP_LOGPROBS, description=(
+        f"0..{MAX_TOP_LOGPROBS} most likely alternatives per generated token; needs logprobs=true."))
     tools: list[dict[str, Any]] | None = Field(None, description="Not supported (must be empty).",
                                                json_schema_extra={"maxItems": 0})
     response_format: ResponseFormat | None = None
 
     @field_validator("top_logprobs")
     @classmethod
-    def _no_alternatives(cls, top: int | None) -> int | None:
-        if top:
-            raise ValueError(f"top_logprobs={top}: the model returns only the log-probability "
-                             "of each generated token; send top_logprobs=0 or leave it out")
+    def _top_needs_logprobs(cls, top: int | None, info: Any) -> int | None:
+        if top and not info.data.get("logprobs"):  # logprobs is declared (validated) first
+            raise ValueError(f"top_logprobs={top} needs logprobs=true (as OpenAI's API)")
         return top
+
+    def num_top_logprobs(self) -> int:
+        return (self.top_logprobs or 0) if self.logprobs else 0
+
+    def wants_logprobs(self) -> bool:
+        return bool(self.logprobs)
 
     @field_validator("tools")
     @classmethod
@@ -323,3 +357,31 @@ class ChatCompletionRequest(SamplingFields):
 
     def token_limit(self) -> int | None:
         return self.max_completion_tokens or self.max_tokens
+
+
+class TokenizeRequest(BaseModel):
+    """POST /tokenize (vLLM's shape): a prompt, or chat messages through the chat template."""
+
+    model_config = ConfigDict(extra="ignore")
+    model: str = Field(description="The served model id (GET /v1/models).")
+    prompt: Text | None = Field(None, description="The text to tokenize.")
+    messages: list[ChatMessage] | None = Field(None, min_length=1, description=(
+        "Instead of prompt: a conversation, tokenized as /v1/chat/completions sends it."))
+    add_special_tokens: bool = Field(False, description=(
+        "Add the tokenizer's special tokens (BOS, ...). Default false: what the engine does with a "
+        "prompt, so that `count` equals usage.prompt_tokens."))
+    return_token_strs: bool = Field(False, description="Also return each token's text.")
+
+    @model_validator(mode="after")
+    def _prompt_or_messages(self) -> "TokenizeRequest":
+        if (self.prompt is None) == (self.messages is None):
+            raise ValueError("send exactly one of prompt or messages")
+        return self
+
+
+class DetokenizeRequest(BaseModel):
+    """POST /detokenize (vLLM's shape)."""
+
+    model_config = ConfigDict(extra="ignore")
+    model: str = Field(description="The served model id (GET /v1/models).")
+    tokens: list[Annotated[int, Field(ge=0, le=INT32_MAX)]] = Field(description="Token ids to turn into text.")

@@ -1,9 +1,12 @@
 """What the OpenAI endpoint serves, read from the Triton repository it fronts.
 
-The repository's `ensemble/config.pbtxt` names the engine directory (parameter `engine_dir`); the
-engine directory has the tokenizer (for chat templates and, as a fallback, token counts) and
-engine.json (max_seq_len: the most prompt + output tokens of a request). The model id clients use is
-the engine directory's name unless the operator chooses one.
+The repository's `ensemble/config.pbtxt` names the engine directory (parameter `engine_dir`); for a
+disaggregated repository, whose `ensemble` is the router, the `context` / `generation` models beside
+it name it; a router alone (`emit-repo --only router`) has none here: the operator names a copy of
+the engine directory (`trtforge serve --served-engine-dir`). The engine directory has the tokenizer
+(chat templates, /tokenize, the text of top_logprobs alternatives) and engine.json (max_seq_len:
+the most prompt + output tokens of a request). The model id clients use is the engine directory's
+name unless the operator chooses one.
 """
 
 from __future__ import annotations
@@ -19,6 +22,7 @@ from trtforge.frontend.schemas import ChatMessage
 from trtforge.model_repo.interface import ENSEMBLE
 from trtforge.model_repo.params import ENGINE_DIR
 from trtforge.model_repo.pbtxt import parameters_of, read_config
+from trtforge.model_repo.phases import CONTEXT_MODEL, GENERATION_MODEL, ROLE, ROUTER_ROLE
 from trtforge.models.engine_dir import read_engine_config
 from trtforge.models.errors import EngineLoadError
 
@@ -36,6 +40,31 @@ class ServedModel:
     """Prompt + output tokens the engine allows per request."""
     triton_model: str = ENSEMBLE
     created: int = field(default_factory=lambda: int(time.time()))
+    _token_texts: dict[int, str] = field(default_factory=dict, repr=False, compare=False)
+
+    def token_text(self, token_id: int) -> str:
+        """The text of one token decoded alone (how top_logprobs name their alternatives)."""
+        text = self._token_texts.get(token_id)
+        if text is None:
+            text = self._token_texts[token_id] = self.tokenizer.decode([token_id], skip_special_tokens=False)
+        return text
+
+    @property
+    def vocab_size(self) -> int:
+        """Token ids the tokenizer knows (0 .. vocab_size - 1)."""
+        return len(self.tokenizer)
+
+    def encode(self, text: str) -> list[int]:
+        """`text` as the engine encodes a prompt (no special tokens added), with the GIL released
+        where the tokenizer can (see count_tokens)."""
+        backend = getattr(self.tokenizer, "_backend", None)  # PlainTokenizer's tokenizers.Tokenizer
+        if backend is not None and hasattr(backend, "encode_batch"):
+            return list(backend.encode_batch([text], add_special_tokens=False)[0].ids)
+        return list(self.tokenizer.encode(text, add_special_tokens=False))
+
+    def decode(self, token_ids: list[int]) -> str:
+        """The text of `token_ids` (special tokens kept, as /detokenize returns them)."""
+        return self.tokenizer.decode(list(token_ids), skip_special_tokens=False)
 
     def count_tokens(self, text: str) -> int:
         """Tokens of `text` as the engine encodes a prompt (no special tokens added).
@@ -45,10 +74,7 @@ class ServedModel:
         holds the GIL for the whole call (measured: a 2M-character prompt stopped every other
         thread for 6.6 s), `encode_batch` releases it (transformers' tokenizers use it already).
         """
-        backend = getattr(self.tokenizer, "_backend", None)  # PlainTokenizer's tokenizers.Tokenizer
-        if backend is not None and hasattr(backend, "encode_batch"):
-            return len(backend.encode_batch([text], add_special_tokens=False)[0].ids)
-        return len(self.tokenizer.encode(text, add_special_tokens=False))
+        return len(self.encode(text))
 
     def chat_prompt(self, messages: list[ChatMessage]) -> str:
         """The prompt text of a conversation, by the tokenizer's chat template."""
@@ -70,26 +96,54 @@ class ServedModel:
                               f"{type(exc).__name__}: {exc}", param="messages") from None
 
 
+def _engine_dir_param(config_path: Path) -> Path | None:
+    """The `engine_dir` parameter of a model's config.pbtxt (relative paths are relative to the
+    model directory, as the Triton model reads them); None when it has none."""
+    value = parameters_of(read_config(config_path)).get(ENGINE_DIR, "")
+    if not value:
+        return None
+    engine_dir = Path(value)
+    return engine_dir if engine_dir.is_absolute() else config_path.parent / engine_dir
+
+
 def engine_dir_of(repo: str | os.PathLike) -> Path:
-    """The engine directory the repository's `ensemble` model serves."""
+    """The engine directory the repository's `ensemble` model serves: its own `engine_dir`, or,
+    for the router of a disaggregated repository, that of its context (else generation) model in
+    the same repository."""
     config_path = Path(repo) / ENSEMBLE / "config.pbtxt"
     if not config_path.is_file():
         raise FileNotFoundError(f"{repo} has no {ENSEMBLE}/config.pbtxt; write the repository "
                                 "with `trtforge emit-repo ENGINE_DIR REPO_DIR`.")
-    value = parameters_of(read_config(config_path)).get(ENGINE_DIR, "")
-    if not value:
+    own = _engine_dir_param(config_path)
+    if own is not None:
+        return own
+    parameters = parameters_of(read_config(config_path))
+    if parameters.get(ROLE) != ROUTER_ROLE:
         raise ValueError(f"{config_path} has no {ENGINE_DIR!r} parameter; re-emit the "
                          "repository with `trtforge emit-repo`.")
-    engine_dir = Path(value)
-    # Relative paths are relative to the model directory, as the Triton model reads them.
-    return engine_dir if engine_dir.is_absolute() else config_path.parent / engine_dir
+    phases = [parameters.get(CONTEXT_MODEL) or "context", parameters.get(GENERATION_MODEL) or "generation"]
+    for name in phases:
+        phase_config = Path(repo) / name / "config.pbtxt"
+        if phase_config.is_file() and (found := _engine_dir_param(phase_config)) is not None:
+            return found
+    raise ValueError(
+        f"{config_path} is the router of a disaggregated repository and neither of its phase models "
+        f"({', '.join(phases)}) is in {repo} (written with `emit-repo --only router`?), so the OpenAI "
+        "front end has no tokenizer or max_seq_len: pass --served-engine-dir ENGINE_DIR, a copy of "
+        "the engine directory the phase models serve (its tokenizer and engine.json are read; the "
+        "weight files must be there, unhashed).")
 
 
-def load_served_model(repo: str | os.PathLike, name: str | None = None) -> ServedModel:
-    """Read the repository and its engine's tokenizer; FileNotFoundError/ValueError say why not."""
+def load_served_model(repo: str | os.PathLike, name: str | None = None,
+                      engine_dir: str | os.PathLike | None = None) -> ServedModel:
+    """Read the repository and its engine's tokenizer; FileNotFoundError/ValueError say why not.
+    `engine_dir`: the engine directory to read instead of the one the repository names (a router
+    on its own host)."""
     from trtforge.models.tokenizer import load_tokenizer  # heavy; only when serving
 
-    engine_dir = engine_dir_of(repo)
+    if not (Path(repo) / ENSEMBLE / "config.pbtxt").is_file():
+        engine_dir_of(repo)  # the message that says how to write one
+    engine_dir = Path(engine_dir) if engine_dir is not None else engine_dir_of(repo)
     try:  # verified as the engine loads it before the tokenizer is read from it; the weights'
         # digests are the engine model's to check (it loads them, this process does not)
         engine = read_engine_config(engine_dir, verify_weights=False)

@@ -18,10 +18,18 @@ from fastapi import FastAPI, Request
 from fastapi.openapi.utils import get_openapi
 from fastapi.responses import JSONResponse
 
-from trtforge.frontend.endpoints import create_chat_completion, create_completion
+from trtforge.frontend.endpoints import create_chat_completion, create_completion, detokenize, tokenize
 from trtforge.frontend.errors import install_handlers, model_not_found, unavailable
 from trtforge.frontend.guard import Guard, Limits
-from trtforge.frontend.responses import ChatCompletion, Completion, ErrorResponse, ModelCard, ModelList
+from trtforge.frontend.responses import (
+    ChatCompletion,
+    Completion,
+    DetokenizeResponse,
+    ErrorResponse,
+    ModelCard,
+    ModelList,
+    TokenizeResponse,
+)
 from trtforge.frontend.served_model import ServedModel
 from trtforge.frontend.triton_bridge import TritonBridge
 
@@ -81,6 +89,11 @@ def create_app(served: ServedModel, triton_grpc_url: str, limits: Limits | None 
              summary="Create a completion (SSE with stream=true)")(create_completion)
     app.post("/v1/chat/completions", response_model=ChatCompletion, responses=_ERRORS,
              summary="Create a chat completion (SSE with stream=true)")(create_chat_completion)
+    tokenizer_errors = {status: _ERRORS[status] for status in (400, 401, 404, 413)}
+    app.post("/tokenize", response_model=TokenizeResponse, responses=tokenizer_errors,
+             summary="Token ids of a prompt or of chat messages (vLLM's)")(tokenize)
+    app.post("/detokenize", response_model=DetokenizeResponse, responses=tokenizer_errors,
+             summary="Text of token ids (vLLM's)")(detokenize)
     app.openapi = lambda: _openapi_without_422(app)  # type: ignore[method-assign]
     return app
 

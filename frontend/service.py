@@ -48,15 +48,18 @@ class OpenAIFrontend:
     fails first), `start()` once Triton is ready, `stop()` before Triton stops."""
 
     def __init__(self, repo: str, host: str, port: int | None, name: str | None,
-                 limits: Limits | None = None) -> None:
+                 limits: Limits | None = None, engine_dir: str | None = None) -> None:
         self.repo, self.host, self.port, self.name = repo, host, port, name
+        self.engine_dir = engine_dir
+        """The engine directory to read the tokenizer from instead of the repository's (a router
+        alone on its host)."""
         self.limits = limits or Limits()
         self.served: ServedModel | None = None
         self.server = None
 
     def prepare(self) -> None:
         if self.port is not None:
-            self.served = load_served_model(self.repo, self.name)
+            self.served = load_served_model(self.repo, self.name, self.engine_dir)
 
     def start(self, triton_grpc_url: str) -> str | None:
         """Start serving; returns the lines to print (None when off)."""

@@ -1,9 +1,10 @@
 """One Triton request per API request, over Triton's gRPC streaming API (asyncio).
 
-Every request goes to the decoupled `ensemble` model as a stream (`stream=true`,
-`return_log_probs=true`): each response then carries one engine step's text and the
-log-probability of each token it added, so the endpoint can count completion tokens exactly and
-stream them, and the last response carries `num_input_tokens`/`num_output_tokens`.
+Every request goes to the decoupled `ensemble` model as a stream (`stream=true`): each response
+carries one engine step's text (with `return_log_probs` / `num_top_logprobs`, the
+log-probabilities of the tokens it added and their alternatives), and the last response says how
+the request ended: `num_input_tokens`, `num_output_tokens`, `num_cached_tokens`, `finish_reason`
+and `stop_reason` / `stop_token_id`.
 
 The call is made on tritonclient's generated gRPC stub (`tritonclient.grpc.service_pb2_grpc`) over
 a `grpc.aio` channel, with requests and results in tritonclient's own types. tritonclient's aio
@@ -28,6 +29,7 @@ from tritonclient.utils import np_to_triton_dtype, serialize_byte_tensor
 
 from trtforge.frontend.errors import APIError, bad_request, server_error, unavailable
 from trtforge.model_repo.interface import ENSEMBLE
+from trtforge.model_repo.python_models.base import top_logprobs_of
 
 _MAX_MESSAGE = (1 << 31) - 1  # as tritonclient: prompts and answers are not size-limited here
 _READY_TIMEOUT_S = 3.0
@@ -49,6 +51,12 @@ class Piece:
     """The last response of the request."""
     num_input_tokens: int | None = None
     num_output_tokens: int | None = None
+    top_logprobs: list[list[tuple[int, float]]] | None = None
+    """Per token of this response (when asked): its most likely (token id, logprob) pairs."""
+    finish_reason: str | None = None
+    stop_reason: str | int | None = None
+    """The stop string, or the stop token id, that ended the request."""
+    num_cached_tokens: int | None = None
 
 
 def error_for_message(message: str) -> APIError:
@@ -99,16 +107,31 @@ def _optional_int(result: InferResult, name: str) -> int | None:
     return None if array is None else int(np.asarray(array).reshape(-1)[0])
 
 
+def _optional_text(result: InferResult, name: str) -> str | None:
+    array = result.as_numpy(name)
+    if array is None or not np.asarray(array).size:
+        return None
+    value = np.asarray(array).reshape(-1)[0]
+    return value.decode("utf-8") if isinstance(value, bytes) else str(value)
+
+
 def piece_of(response: service_pb2.ModelInferResponse) -> Piece:
     result = InferResult(response)
     text = result.as_numpy("text_output")
     logprobs = result.as_numpy("output_log_probs")
+    stop_token = _optional_int(result, "stop_token_id")
+    stop_text = _optional_text(result, "stop_reason")
+    top = {name: result.as_numpy(name) for name in ("top_logprobs_ids", "top_logprobs")}
     return Piece(
         text=b"".join(np.asarray(text).reshape(-1)).decode("utf-8") if text is not None else "",
         logprobs=[] if logprobs is None else [float(x) for x in np.asarray(logprobs).reshape(-1)],
         final=response.parameters["triton_final_response"].bool_param,
         num_input_tokens=_optional_int(result, "num_input_tokens"),
         num_output_tokens=_optional_int(result, "num_output_tokens"),
+        top_logprobs=top_logprobs_of({k: v for k, v in top.items() if v is not None}),
+        finish_reason=_optional_text(result, "finish_reason"),
+        stop_reason=stop_text if stop_text is not None else stop_token,
+        num_cached_tokens=_optional_int(result, "num_cached_tokens"),
     )
 
 

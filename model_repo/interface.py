@@ -51,6 +51,7 @@ INPUTS: tuple[TensorSpec, ...] = (
     _opt("num_return_sequences", "TYPE_INT32"),
     _opt("length_penalty", "TYPE_FP32"),
     _opt("return_log_probs", "TYPE_BOOL"),
+    _opt("num_top_logprobs", "TYPE_INT32"),
     _opt("return_context_logits", "TYPE_BOOL"),
     _opt("return_generation_logits", "TYPE_BOOL"),
     _opt("stream", "TYPE_BOOL"),
@@ -66,7 +67,23 @@ OUTPUTS: tuple[TensorSpec, ...] = (
     TensorSpec("output_log_probs", "TYPE_FP32", (-1, -1)),
     TensorSpec("num_input_tokens", "TYPE_INT32", (1,)),
     TensorSpec("num_output_tokens", "TYPE_INT32", (1,)),
+    TensorSpec("top_logprobs_ids", "TYPE_INT32", (-1, -1)),
+    TensorSpec("top_logprobs", "TYPE_FP32", (-1, -1)),
+    TensorSpec("finish_reason", "TYPE_STRING", (-1,)),
+    TensorSpec("stop_reason", "TYPE_STRING", (-1,)),
+    TensorSpec("stop_token_id", "TYPE_INT32", (1,)),
+    TensorSpec("num_cached_tokens", "TYPE_INT32", (1,)),
 )
+"""TensorRT-LLM's outputs, then trtforge's (docs/serving.md, Inputs and outputs):
+
+* `top_logprobs_ids` / `top_logprobs` ([n, K] per response, with the batch dimension [1, n, K]):
+  for each of the n tokens the response covers, the K most likely tokens (`num_top_logprobs`)
+  and their log-probabilities, most likely first, from the raw model distribution (log_softmax
+  of the logits before penalties, temperature and filtering: vLLM's "raw_logprobs").
+* On the last response of a request: `finish_reason` (stop | length; TensorRT-LLM 1.x LLM-API's
+  name), `stop_reason` (the stop string that ended it) or `stop_token_id` (the stop token: EOS,
+  `end_id`), and `num_cached_tokens` (prompt tokens served from the prefix cache).
+"""
 
 
 PHASE_INPUTS: tuple[TensorSpec, ...] = (

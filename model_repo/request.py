@@ -18,6 +18,9 @@ docs/serving.md:
   json, json_schema, regex, ebnf_grammar or structural_tag, and the schema / regex / grammar text
   (none for json; at most 64 KiB). An empty type means none, as an unset optional input. The
   engine compiles the guide at admission: one that does not compile is refused ("bad request").
+* `num_top_logprobs` (a trtforge input, vLLM's `logprobs`): 0..20 most likely tokens per
+  generated token, returned as `top_logprobs_ids` / `top_logprobs`; > 0 implies
+  `return_log_probs`.
 * `pad_id` and `length_penalty` are accepted and have no effect (packed batches have no padding;
   there is no beam search); `pad_id` must still be a token id >= 0. `beam_width` /
   `num_return_sequences` other than 1 and `return_context_logits` / `return_generation_logits`
@@ -32,7 +35,7 @@ from typing import Any, Callable, Mapping
 
 import numpy as np
 
-from trtforge.config.sampling import SamplingParams
+from trtforge.config.sampling import MAX_LOGPROBS, SamplingParams
 
 # Tensor name → SamplingParams field, for the numeric inputs that map one to one.
 _DIRECT: dict[str, tuple[str, Callable[[Any], Any]]] = {
@@ -60,6 +63,9 @@ class GenerationRequest:
     """Leave the prompt out of a non-streamed `text_output`."""
     return_log_probs: bool = False
     """Also return `cum_log_probs` and `output_log_probs`."""
+    num_top_logprobs: int = 0
+    """Also return this many most likely tokens per generated token (`top_logprobs_ids`,
+    `top_logprobs`)."""
 
 
 def _scalar(inputs: Mapping[str, np.ndarray], name: str) -> Any | None:
@@ -138,6 +144,17 @@ def _refuse_unsupported(inputs: Mapping[str, np.ndarray]) -> None:
                              "(return_log_probs gives the log-probabilities of the output).")
 
 
+def _num_top_logprobs(inputs: Mapping[str, np.ndarray]) -> int:
+    value = _scalar(inputs, "num_top_logprobs")
+    if value is None:
+        return 0
+    if isinstance(value, (bytes, str)) or (isinstance(value, float) and not value.is_integer()) \
+            or not 0 <= int(value) <= MAX_LOGPROBS:
+        raise ValueError(f"num_top_logprobs={value!r} is invalid: send an integer 0..{MAX_LOGPROBS} "
+                         "(the most likely tokens returned per generated token).")
+    return int(value)
+
+
 def parse_request(inputs: Mapping[str, np.ndarray], exclude_input_default: bool = False
                   ) -> GenerationRequest:
     """Build a GenerationRequest; ValueError says which input is wrong and what to send."""
@@ -171,13 +188,14 @@ def parse_request(inputs: Mapping[str, np.ndarray], exclude_input_default: bool 
     if cache_salt is not None:
         kwargs["cache_salt"] = _text(cache_salt, "cache_salt")
     kwargs.update(_guide(inputs))
-    return_log_probs = bool(_scalar(inputs, "return_log_probs") or False)
+    top = _num_top_logprobs(inputs)
+    return_log_probs = bool(_scalar(inputs, "return_log_probs") or False) or top > 0
     if return_log_probs:
-        kwargs["logprobs"] = 0
+        kwargs["logprobs"] = top
     params = SamplingParams(**kwargs).validate()
     exclude = _scalar(inputs, "exclude_input_in_output")
     return GenerationRequest(
         prompt=prompt, params=params, stream=bool(_scalar(inputs, "stream") or False),
         exclude_input=exclude_input_default if exclude is None else bool(exclude),
-        return_log_probs=return_log_probs,
+        return_log_probs=return_log_probs, num_top_logprobs=top,
     )

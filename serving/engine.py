@@ -117,6 +117,10 @@ class _Request:
     cum_logprob: float = 0.0
     kv_handle: KVHandle | None = None
     """Generation phase: the handoff whose KV this request waits for (None once imported)."""
+    seq: Sequence | None = None
+    """The scheduler's Sequence of this request (read only here: its prefix-cache hit)."""
+    num_cached_tokens: int | None = None
+    """Prompt tokens served from the prefix cache, taken at the first scheduling (None before)."""
 
 
 def num_kv_blocks(cfg: EngineConfig, kv_cache_memory: str | int | None) -> int:
@@ -257,6 +261,7 @@ class LLMEngine:
         except EngineOverloaded:
             self.requests_refused_total += 1
             raise
+        req.seq = seq
         self._requests[rid] = req
         if params.timeout_s is not None:
             self._deadlines[rid] = arrival + params.timeout_s
@@ -323,8 +328,12 @@ class LLMEngine:
             return outputs + self._drain_pending()
         now = time.monotonic()
         for chunk in sched.chunks:
-            m = self._requests[chunk.seq_id].metrics
-            m.first_scheduled_time = m.first_scheduled_time or now
+            req = self._requests[chunk.seq_id]
+            req.metrics.first_scheduled_time = req.metrics.first_scheduled_time or now
+            if req.num_cached_tokens is None and req.seq is not None:
+                # The first admission's hit (a resumed preempted sequence may hit its own
+                # outputs too: not prompt tokens served from the cache for the client).
+                req.num_cached_tokens = min(req.seq.num_cached_prefix_tokens, req.num_prompt_tokens)
         try:
             sampled, logprobs, failed = self._execute(sched)
         except Exception as exc:  # noqa: BLE001 - a failing batch fails its requests, never the engine
@@ -429,7 +438,8 @@ class LLMEngine:
                                  finished=False, finish_reason=None,
                                  num_prompt_tokens=req.num_prompt_tokens, metrics=m, logprobs=lps,
                                  top_logprobs=tops,
-                                 cum_logprob=req.cum_logprob if logprob is not None else None)
+                                 cum_logprob=req.cum_logprob if logprob is not None else None,
+                                 num_cached_tokens=req.num_cached_tokens or 0)
         if not isinstance(req.stop.stop_reason, str):  # not cut at a stop string: flush the tail
             text += req.stop.release(req.detok.flush())
         self.scheduler.finish(req.request_id, _STATUS[reason])
@@ -471,7 +481,8 @@ class LLMEngine:
             finish_reason=reason, num_prompt_tokens=req.num_prompt_tokens, metrics=req.metrics,
             logprobs=logprobs, top_logprobs=top_logprobs,
             cum_logprob=req.cum_logprob if req.sampling.params.logprobs is not None else None,
-            error=error, stop_reason=req.stop.stop_reason, kv_handle=kv_handle)
+            error=error, stop_reason=req.stop.stop_reason, kv_handle=kv_handle,
+            num_cached_tokens=req.num_cached_tokens or 0)
 
     # ---- conveniences -----------------------------------------------------------------------
     def generate(self, prompts: Iterable[str | list[int]],

@@ -77,6 +77,11 @@ class RequestOutput:
     error: str | None = None
     stop_reason: str | int | None = None
     """The stop string or stop token that finished the request."""
+    num_cached_tokens: int = 0
+    """Prompt tokens whose KV came from the prefix cache at the request's first scheduling (not
+    recomputed; at most num_prompt_tokens - 1, as the last prompt token is always computed). 0
+    before it was scheduled, without prefix caching, and in the generation phase (its prompt KV
+    was handed over: the context phase's output says how much of it was cached)."""
     kv_handle: Any = None
     """Context phase only (finish_reason handoff): the KVHandle the generation phase continues
     from."""

@@ -34,6 +34,10 @@ PHASE_MODEL_INPUTS = INTERFACE_INPUTS | {s.name for s in PHASE_INPUTS}
 """The inputs of a `context` or `generation` model."""
 
 
+TopLogprobs = list[list[tuple[int, float]]]
+"""Per token, its most likely (token id, log-probability) pairs, most likely first."""
+
+
 @dataclass
 class Answer:
     """The output tensors of one response (interface.OUTPUTS, and a context model's
@@ -46,6 +50,17 @@ class Answer:
     num_input_tokens: int | None = None
     num_output_tokens: int | None = None
     context_phase_params: bytes | None = None
+    top_logprobs: TopLogprobs | None = None
+    """The tokens this response covers: each one's `num_top_logprobs` alternatives
+    (top_logprobs_ids / top_logprobs, [1, n, K])."""
+    finish_reason: str | None = None
+    """The last response: stop | length."""
+    stop_reason: str | None = None
+    """The last response of a request ended by a stop string: that string."""
+    stop_token_id: int | None = None
+    """The last response of a request ended by a stop token (EOS, end_id): that token."""
+    num_cached_tokens: int | None = None
+    """The last response (and a context model's handoff): prompt tokens served from the prefix cache."""
 
     def tensors(self, pb_utils: Any) -> list[Any]:
         t = pb_utils.Tensor
@@ -57,7 +72,19 @@ class Answer:
         if self.logprobs is not None:
             tensors.append(t("output_log_probs",
                              np.array([[self.logprobs]], dtype=np.float32).reshape(1, 1, -1)))
-        for name in ("num_input_tokens", "num_output_tokens"):
+        if self.top_logprobs is not None:
+            k = max((len(row) for row in self.top_logprobs), default=0)
+            ids = np.zeros((1, len(self.top_logprobs), k), dtype=np.int32)
+            values = np.full((1, len(self.top_logprobs), k), -np.inf, dtype=np.float32)
+            for i, row in enumerate(self.top_logprobs):  # every row has K entries (the request's)
+                ids[0, i, :len(row)] = [tid for tid, _ in row]
+                values[0, i, :len(row)] = [lp for _, lp in row]
+            tensors += [t("top_logprobs_ids", ids), t("top_logprobs", values)]
+        for name in ("finish_reason", "stop_reason"):
+            value = getattr(self, name)
+            if value is not None:
+                tensors.append(t(name, np.array([[value.encode("utf-8")]], dtype=object)))
+        for name in ("num_input_tokens", "num_output_tokens", "stop_token_id", "num_cached_tokens"):
             value = getattr(self, name)
             if value is not None:
                 tensors.append(t(name, np.array([[value]], dtype=np.int32)))
@@ -70,16 +97,29 @@ class Answer:
     def of_arrays(cls, arrays: Mapping[str, np.ndarray]) -> Answer:
         """What a response's output arrays (as a client receives them) say."""
         def first(name: str) -> Any:
-            return arrays[name].reshape(-1)[0] if name in arrays else None
+            return arrays[name].reshape(-1)[0] if name in arrays and arrays[name].size else None
 
         text = first("text_output")
         handle = first(CONTEXT_PHASE_PARAMS)
-        counts = {n: int(first(n)) for n in ("num_input_tokens", "num_output_tokens") if n in arrays}
+        ints = {n: int(first(n)) for n in ("num_input_tokens", "num_output_tokens", "stop_token_id",
+                                           "num_cached_tokens") if first(n) is not None}
+        strings = {n: _str(first(n)) for n in ("finish_reason", "stop_reason") if first(n) is not None}
         return cls(text=_str(text) if text is not None else "",
-                   cum_logprob=float(first("cum_log_probs")) if "cum_log_probs" in arrays else None,
+                   cum_logprob=float(first("cum_log_probs")) if first("cum_log_probs") is not None else None,
                    logprobs=(arrays["output_log_probs"].reshape(-1).tolist()
                              if "output_log_probs" in arrays else None),
-                   context_phase_params=None if handle is None else bytes(handle), **counts)
+                   context_phase_params=None if handle is None else bytes(handle),
+                   top_logprobs=top_logprobs_of(arrays), **ints, **strings)
+
+
+def top_logprobs_of(arrays: Mapping[str, np.ndarray]) -> TopLogprobs | None:
+    """top_logprobs_ids / top_logprobs ([1, n, K] or [n, K]) as pairs per token; None if absent."""
+    if "top_logprobs_ids" not in arrays or "top_logprobs" not in arrays:
+        return None
+    ids, values = np.asarray(arrays["top_logprobs_ids"]), np.asarray(arrays["top_logprobs"])
+    if ids.ndim == 3:
+        ids, values = ids[0], values[0]
+    return [list(zip(map(int, row_ids), map(float, row_values))) for row_ids, row_values in zip(ids, values)]
 
 
 def _str(value: Any) -> str:

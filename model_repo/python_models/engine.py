@@ -75,6 +75,7 @@ class _Active:
     request: GenerationRequest
     sender: Any
     logprobs: list[float] = field(default_factory=list)
+    top_logprobs: list[list[tuple[int, float]]] = field(default_factory=list)
     cum_logprob: float = 0.0
 
 
@@ -244,6 +245,7 @@ class TritonPythonModel(DecoupledModel):
             return
         new_logprobs = list(output.logprobs or [])
         active.logprobs.extend(new_logprobs)
+        active.top_logprobs.extend(output.top_logprobs or [])
         if output.cum_logprob is not None:
             active.cum_logprob = output.cum_logprob
         if output.finished:
@@ -258,31 +260,40 @@ class TritonPythonModel(DecoupledModel):
             self.send(active.sender, response, flags, gone=None if output.finished else output.request_id)
 
     def _answer(self, active: _Active, output: Any, new_logprobs: list[float]) -> Answer | None:
-        """What to send for this output, or None if there is nothing to send yet."""
+        """What to send for this output, or None if there is nothing to send yet. A streamed
+        request's last output is always answered: it carries the counts and why it finished."""
         req = active.request
+        new_tops = list(output.top_logprobs or [])
         if output.kv_handle is not None:  # context phase: the first token and the KV handle
-            text, logprobs, counts = output.text_delta, new_logprobs, {}
+            text, logprobs, tops = output.text_delta, new_logprobs, new_tops
+            final = {"num_cached_tokens": output.num_cached_tokens}  # the router puts it on the last response
         elif req.stream:
-            if not output.text_delta and not (req.return_log_probs and new_logprobs):
+            if not output.finished and not output.text_delta and not (req.return_log_probs and new_logprobs):
                 return None
-            text, logprobs = output.text_delta, new_logprobs
-            counts = _counts(output) if output.finished else {}
+            text, logprobs, tops = output.text_delta, new_logprobs, new_tops
+            final = _final_fields(output) if output.finished else {}
         elif not output.finished:
             return None
         else:
             text = output.text if req.exclude_input else req.prompt + output.text
-            logprobs, counts = active.logprobs, _counts(output)
-        return Answer(text, **counts,
+            logprobs, tops, final = active.logprobs, active.top_logprobs, _final_fields(output)
+        return Answer(text, **final,
                       cum_logprob=active.cum_logprob if req.return_log_probs else None,
                       logprobs=logprobs if req.return_log_probs else None,
+                      top_logprobs=tops if req.num_top_logprobs else None,
                       context_phase_params=(output.kv_handle.to_json().encode("utf-8")
                                             if output.kv_handle is not None else None))
 
 
-def _counts(output: Any) -> dict[str, int]:
-    """A finished request's token counts (its last response carries them)."""
+def _final_fields(output: Any) -> dict[str, Any]:
+    """A finished request's counts and why it finished (its last response carries them)."""
+    reason = output.stop_reason
     return {"num_input_tokens": output.num_prompt_tokens,
-            "num_output_tokens": len(output.output_token_ids)}
+            "num_output_tokens": len(output.output_token_ids),
+            "num_cached_tokens": output.num_cached_tokens,
+            "finish_reason": str(output.finish_reason),
+            "stop_reason": reason if isinstance(reason, str) else None,
+            "stop_token_id": reason if isinstance(reason, int) and not isinstance(reason, bool) else None}
 
 
 def _place_on_cpus(cpus: str, threads: str) -> None:

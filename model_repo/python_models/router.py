@@ -64,6 +64,8 @@ from trtforge.model_repo.python_models.base import (
 from trtforge.model_repo.request import GenerationRequest, parse_request
 
 _OUTPUT_NAMES = [s.name for s in OUTPUTS] + [CONTEXT_PHASE_PARAMS]
+FINAL_FIELDS = ("finish_reason", "stop_reason", "stop_token_id", "num_cached_tokens")
+"""Answer fields of a request's last response (beside its counts), forwarded as they come."""
 _DRAIN_TIMEOUT_S = 10.0  # how long finalize() lets requests in flight finish
 
 
@@ -76,8 +78,15 @@ class _Flight:
     """The client went away: the phase in progress is cancelled, the next one not started."""
     text: list[str] = field(default_factory=list)
     logprobs: list[float] = field(default_factory=list)
+    top_logprobs: list[list[tuple[int, float]]] = field(default_factory=list)
     cum_logprob: float | None = None
     num_tokens: dict[str, int] = field(default_factory=dict)
+    final: dict[str, Any] = field(default_factory=dict)
+    """What the last phase's last answer said about the end: finish_reason, stop_reason,
+    stop_token_id, num_cached_tokens."""
+    cached: int | None = None
+    """Prompt tokens the context model served from its prefix cache (the generation model's
+    prompt KV is handed over, not cached): reported on the last response."""
     cancel: Any = None
     """Cancels the gRPC stream of the phase in progress (its server frees the request's KV)."""
     last: Any = None
@@ -224,11 +233,19 @@ class TritonPythonModel(DecoupledModel):
         new_logprobs = answer.logprobs or []
         if answer.cum_logprob is not None:
             flight.cum_logprob = answer.cum_logprob
+        if answer.num_output_tokens is None and answer.num_cached_tokens is not None:
+            flight.cached, answer.num_cached_tokens = answer.num_cached_tokens, None  # the handoff's
+        elif answer.num_output_tokens is not None and flight.cached is not None:
+            answer.num_cached_tokens = flight.cached  # the generation model's last answer
         for name in ("num_input_tokens", "num_output_tokens"):
             if getattr(answer, name) is not None:
                 flight.num_tokens[name] = getattr(answer, name)
+        for name in FINAL_FIELDS:
+            if getattr(answer, name) is not None:
+                flight.final[name] = getattr(answer, name)
         flight.text.append(answer.text)
         flight.logprobs += new_logprobs
+        flight.top_logprobs += answer.top_logprobs or []
         if parsed.stream and (answer.text or new_logprobs or answer.num_output_tokens is not None):
             response = answer.response(pb_utils)
             if answer.num_output_tokens is not None:  # the phase model's last answer: sent with
@@ -245,7 +262,8 @@ class TritonPythonModel(DecoupledModel):
         logprobs = parsed.return_log_probs
         return Answer(text, cum_logprob=(flight.cum_logprob or 0.0) if logprobs else None,
                       logprobs=flight.logprobs if logprobs else None,
-                      **flight.num_tokens).response(pb_utils)
+                      top_logprobs=flight.top_logprobs if parsed.num_top_logprobs else None,
+                      **flight.num_tokens, **flight.final).response(pb_utils)
 
     # -- cancellation --------------------------------------------------------------------------
     def watch(self) -> None:

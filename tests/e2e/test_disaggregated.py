@@ -96,8 +96,13 @@ def test_every_protocol_gives_the_colocated_text(served, engine_dir):
         answer = client.generate_http(http, prompt, MAX_TOKENS)
         assert answer["text_output"] == prompt + served.expected[prompt]  # TRT-LLM default
         assert answer["num_output_tokens"] == MAX_TOKENS
-        assert answer == {**client.generate_http(http, prompt, MAX_TOKENS, model="colocated"),
-                          "model_name": "ensemble"}
+        colocated = client.generate_http(http, prompt, MAX_TOKENS, model="colocated")
+        # Prefix-cache hits depend on each engine's history (the context model has seen this
+        # prompt twice already): the one output that may differ, and at most the whole blocks.
+        cached = answer.pop("num_cached_tokens")
+        assert 0 <= colocated.pop("num_cached_tokens") < answer["num_input_tokens"]
+        assert 0 < cached < answer["num_input_tokens"] or answer["num_input_tokens"] <= 8
+        assert answer == {**colocated, "model_name": "ensemble"}
         generated[prompt] = answer["text_output"]
     # `trtforge generate` on the same engine says the same.
     import subprocess

@@ -198,6 +198,114 @@ def test_stop_strings_cut_the_text_with_finish_reason_stop(api):
     assert chunks[-1].choices[0].finish_reason == "stop"
 
 
+def top_by_text(tokenizer, top: list[tuple[int, float]]) -> dict[str, float]:
+    """The engine's alternatives as the API names them: each id's own text (two ids with one text:
+    the likelier)."""
+    named: dict[str, float] = {}
+    for token_id, logprob in top:
+        named.setdefault(tokenizer.decode([token_id], skip_special_tokens=False), logprob)
+    return named
+
+
+def check_top_logprobs_and_reasons(client: openai.OpenAI, engine, name: str, chat_prompt) -> None:
+    """top_logprobs (chat and completions, streamed too), finish and stop reasons, the engine's
+    own: the in-process engine on the same directory is the oracle (shared with the
+    disaggregated OpenAI test)."""
+    from trtforge.config.sampling import SamplingParams
+
+    tok = engine.tokenizer
+    prompt = PROMPTS[1]
+    (want,) = engine.generate([prompt], SamplingParams(max_tokens=MAX_TOKENS, logprobs=5))
+    got = client.completions.create(model=name, prompt=prompt, max_tokens=MAX_TOKENS, temperature=0, logprobs=5)
+    choice = got.choices[0]
+    assert (choice.text, choice.finish_reason) == (want.text, want.finish_reason)
+    assert choice.logprobs.token_logprobs == pytest.approx(want.logprobs, abs=1e-4)
+    assert len(choice.logprobs.top_logprobs) == len(want.top_logprobs) == len(want.output_token_ids)
+    for alts, top in zip(choice.logprobs.top_logprobs, want.top_logprobs):
+        expected = top_by_text(tok, top)
+        assert list(alts) == list(expected) and list(alts.values()) == pytest.approx(list(expected.values()),
+                                                                                     abs=1e-4)
+    messages = CHATS[0]
+    (want,) = engine.generate([chat_prompt(messages)], SamplingParams(max_tokens=MAX_TOKENS, logprobs=4))
+    got = client.chat.completions.create(model=name, messages=messages, temperature=0, max_tokens=MAX_TOKENS,
+                                         logprobs=True, top_logprobs=4)
+    content = got.choices[0].logprobs.content
+    assert got.choices[0].message.content == want.text and len(content) == len(want.output_token_ids)
+    for entry, top in zip(content, want.top_logprobs):
+        assert [t.token for t in entry.top_logprobs] == [tok.decode([i], skip_special_tokens=False) for i, _ in top]
+        assert [t.logprob for t in entry.top_logprobs] == pytest.approx([lp for _, lp in top], abs=1e-4)
+    chunks = list(client.chat.completions.create(model=name, messages=messages, temperature=0,
+                                                 max_tokens=MAX_TOKENS, logprobs=True, top_logprobs=4, stream=True))
+    streamed = [e for c in chunks if c.choices and c.choices[0].logprobs for e in c.choices[0].logprobs.content]
+    assert [[t.token for t in e.top_logprobs] for e in streamed] == [[t.token for t in e.top_logprobs]
+                                                                     for e in content]
+    # A stop string ends the text: finish_reason stop and vLLM's stop_reason say which.
+    full = engine.generate([prompt], SamplingParams(max_tokens=MAX_TOKENS))[0].text
+    stop = full[len(full) // 2:len(full) // 2 + 2]
+    (want,) = engine.generate([prompt], SamplingParams(max_tokens=MAX_TOKENS, stop=[stop, "never-there"]))
+    got = client.completions.create(model=name, prompt=prompt, max_tokens=MAX_TOKENS, temperature=0,
+                                    stop=[stop, "never-there"])
+    assert (got.choices[0].text, got.choices[0].finish_reason) == (want.text, "stop")
+    assert got.choices[0].model_extra["stop_reason"] == want.stop_reason == stop
+    got = client.completions.create(model=name, prompt=prompt, max_tokens=3, temperature=0)
+    assert (got.choices[0].finish_reason, got.choices[0].model_extra["stop_reason"]) == ("length", None)
+
+
+def check_cached_tokens(client: openai.OpenAI, name: str, count, block: int = 8) -> None:
+    """The second request of a prompt is served its full blocks from the prefix cache, and says so
+    (usage.prompt_tokens_details.cached_tokens; streamed too)."""
+    prompt = "Cached tokens are counted: " + " ".join(f"c{i}" for i in range(40))
+    full = (count(prompt) - 1) // block * block  # the e2e engine's blocks hold 8 tokens
+    first = client.completions.create(model=name, prompt=prompt, max_tokens=4, temperature=0)
+    assert first.usage.prompt_tokens_details.cached_tokens == 0 and full >= 16
+    second = client.completions.create(model=name, prompt=prompt, max_tokens=4, temperature=0, stream=True,
+                                       stream_options={"include_usage": True})
+    usage = [c.usage for c in second if c.usage is not None]
+    assert usage[-1].prompt_tokens_details.cached_tokens == full
+    messages = [{"role": "user", "content": prompt}]
+    client.chat.completions.create(model=name, messages=messages, max_tokens=4, temperature=0)
+    again = client.chat.completions.create(model=name, messages=messages, max_tokens=4, temperature=0)
+    assert again.usage.prompt_tokens_details.cached_tokens >= full
+
+
+def test_top_logprobs_stop_reasons_and_cached_tokens_are_the_engines(api):
+    check_top_logprobs_and_reasons(api.client, api.engine, NAME, api.chat_prompt)
+    check_cached_tokens(api.client, NAME, api.count)
+
+
+def test_echo_tokenize_and_detokenize(api):
+    prompt = PROMPTS[2]
+    want = api.greedy(prompt)
+    got = api.client.completions.create(model=NAME, prompt=prompt, max_tokens=MAX_TOKENS, temperature=0, echo=True)
+    assert got.choices[0].text == prompt + want.text
+    text, _ = _stream_text(api.client.completions.create(model=NAME, prompt=prompt, max_tokens=MAX_TOKENS,
+                                                         temperature=0, echo=True, stream=True))
+    assert text == prompt + want.text
+    with pytest.raises(openai.BadRequestError, match="echo=true with logprobs"):
+        api.client.completions.create(model=NAME, prompt=prompt, echo=True, logprobs=1)
+    root = api.serve.openai_url.removesuffix("/v1")
+    code, answer = _post_to(root + "/tokenize", {"model": NAME, "prompt": prompt})
+    ids = api.engine.tokenizer.encode(prompt, add_special_tokens=False)
+    assert (code, answer) == (200, {"count": len(ids), "max_model_len": api.max_seq_len, "tokens": ids,
+                                    "token_strs": None})
+    assert answer["count"] == got.usage.prompt_tokens
+    code, chat = _post_to(root + "/tokenize", {"model": NAME, "messages": CHATS[0]})
+    assert code == 200 and chat["count"] == api.count(api.chat_prompt(CHATS[0]))
+    assert _post_to(root + "/detokenize", {"model": NAME, "tokens": ids}) == (200, {"prompt": prompt})
+    code, error = _post_to(root + "/detokenize", {"model": NAME, "tokens": [10**6]})
+    assert (code, error["error"]["param"]) == (400, "tokens")
+
+
+def _post_to(url: str, body: dict) -> tuple[int, dict]:
+    request = urllib.request.Request(url, data=json.dumps(body).encode(),
+                                     headers={"Content-Type": "application/json", **AUTH})
+    try:
+        with urllib.request.urlopen(request, timeout=60) as resp:
+            return resp.status, json.loads(resp.read())
+    except urllib.error.HTTPError as exc:
+        return exc.code, json.loads(exc.read())
+
+
 def _unauthorized(url: str, key: str | None) -> int:
     """A streamed completion sent with a missing or wrong key: the status it gets."""
     headers = {"Content-Type": "application/json", **({"Authorization": key} if key else {})}
@@ -265,7 +373,8 @@ def test_documented_errors_have_their_status_and_error_object(api):
     too_long = "hello " * api.max_seq_len
     cases = [  # (body, status, param)
         ({**ok, "n": 2}, 400, "n"), ({**ok, "temperature": 3}, 400, "temperature"),
-        ({**ok, "max_tokens": 0}, 400, "max_tokens"), ({**ok, "logprobs": 2}, 400, "logprobs"),
+        ({**ok, "max_tokens": 0}, 400, "max_tokens"), ({**ok, "logprobs": 21}, 400, "logprobs"),
+        ({**ok, "echo": True, "logprobs": 0}, 400, "echo"), ({**ok, "prompt_logprobs": 1}, 400, "prompt_logprobs"),
         ({**ok, "prompt": [1, 2, 3]}, 400, "prompt"), ({**ok, "stop": ""}, 400, "stop"),
         ({**ok, "prompt": too_long}, 400, None),  # the model refuses: > max_seq_len
         ({**ok, "prompt": too_long, "stream": True}, 400, None),

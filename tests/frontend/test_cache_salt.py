@@ -40,7 +40,7 @@ class RecordingBridge:
 
     async def generate(self, arrays):
         RecordingBridge.sent.append((dict(arrays), parse_request(arrays)))
-        yield Piece("ok", [-0.5], True, num_input_tokens=1, num_output_tokens=1)
+        yield Piece("ok", [-0.5], True, num_input_tokens=1, num_output_tokens=1, finish_reason="length")
 
 
 @pytest.fixture

@@ -38,7 +38,8 @@ def test_completion_request_maps_to_sampling_params():
                              stop=["a,b", "\n"])
     parsed = parse_request(ensemble_inputs(body, body.prompt_text(), 5))
     p = parsed.params
-    assert parsed.prompt == "Hi" and parsed.stream and parsed.return_log_probs
+    # Log-probabilities only when asked for (the model's counts come on its last response anyway).
+    assert parsed.prompt == "Hi" and parsed.stream and not parsed.return_log_probs and p.logprobs is None
     assert (p.max_tokens, p.seed, p.top_k, p.stop) == (5, 2**64 - 1, 3, ["a,b", "\n"])
     assert p.temperature == 1.0  # OpenAI's default, not the ensemble's greedy one
     assert p.top_p == pytest.approx(TOP_P_MOST_LIKELY)  # OpenAI's 0: the most likely token
@@ -52,14 +53,30 @@ def test_completion_request_maps_to_sampling_params():
     assert parse_request(ensemble_inputs(at_least, "x", 9)).params.min_tokens == 2
 
 
+@pytest.mark.parametrize("body, logprobs", [
+    (CompletionRequest(model="m", prompt="x", logprobs=0), 0),
+    (CompletionRequest(model="m", prompt="x", logprobs=20), 20),
+    (ChatCompletionRequest(model="m", messages=[{"role": "user", "content": "x"}], logprobs=True), 0),
+    (ChatCompletionRequest(model="m", messages=[{"role": "user", "content": "x"}], logprobs=True,
+                           top_logprobs=7), 7),
+    (ChatCompletionRequest(model="m", messages=[{"role": "user", "content": "x"}], top_logprobs=0), None),
+])
+def test_logprobs_and_their_alternatives_reach_the_ensemble(body, logprobs):
+    parsed = parse_request(ensemble_inputs(body, "x", 4))
+    assert parsed.params.logprobs == logprobs
+    assert (parsed.return_log_probs, parsed.num_top_logprobs) == (logprobs is not None, logprobs or 0)
+
+
 @pytest.mark.parametrize("fields, param, words", [
     ({"n": 2}, "n", "n=2 is not supported"),
-    ({"logprobs": 1}, "logprobs", "send logprobs=0"),
+    ({"logprobs": 21}, "logprobs", "less than or equal to 20"),
+    ({"logprobs": 0, "echo": True}, "echo", "echo=true with logprobs"),
+    ({"prompt_logprobs": 1}, "prompt_logprobs", "not supported"),
     ({"prompt": [1, 2]}, "prompt", "token-id prompts are not supported"),
     ({"prompt": ["a", "b"]}, "prompt", "one text prompt"),
     ({"prompt": "\ud800"}, "prompt", "unicode"),
     ({"prompt": ""}, "prompt", "at least 1 character"),
-    ({"echo": True}, "echo", "not supported"),
+    ({"best_of": 2}, "best_of", "not supported"),
     ({"temperature": float("nan")}, "temperature", "finite"),
     ({"seed": -1}, "seed", "greater than or equal to 0"),
     ({"stop": ["x"] * 17}, "stop", "at most 16"),
@@ -77,7 +94,8 @@ def test_chat_request_limits():
     ok = {"model": "m", "messages": [{"role": "user", "content": "hi"}]}
     assert ChatCompletionRequest.model_validate({**ok, "max_tokens": 3,
                                                  "max_completion_tokens": 7}).token_limit() == 7
-    for fields in ({"top_logprobs": 2}, {"tools": [{"type": "function"}]}, {"messages": []},
+    for fields in ({"top_logprobs": 2}, {"logprobs": True, "top_logprobs": 21}, {"prompt_logprobs": 0},
+                   {"tools": [{"type": "function"}]}, {"messages": []},
                    {"messages": [{"role": "user", "content": [{"type": "image_url"}]}]},
                    {"response_format": {"type": "json_object"}, "structured_outputs": {"regex": "a"}},
                    {"response_format": {"type": "json_schema"}}, {"response_format": {"type": "xml"}}):
@@ -150,20 +168,43 @@ def _served(tok=None, max_seq_len: int = 64) -> ServedModel:
     return ServedModel(name="tiny", engine_dir=None, tokenizer=tok, max_seq_len=max_seq_len)
 
 
-def test_usage_and_finish_reason_from_the_ensemble_counts():
+def test_usage_and_finish_reason_are_the_models_own():
     tally = Tally(_served(tiny_tokenizer()), "Hello world", max_tokens=3)
-    tally.add(Piece("He", [-0.5], final=False))
-    tally.add(Piece("", [-0.25, -1.0], final=True, num_input_tokens=2, num_output_tokens=3))
+    tally.add(Piece("He", [-0.5], final=False, top_logprobs=[[(5, -0.5), (6, -1.5)]]))
+    tally.add(Piece("", [-0.25, -1.0], final=True, num_input_tokens=2, num_output_tokens=3,
+                    top_logprobs=[[(7, -0.25), (5, -2.0)], [(8, -1.0), (9, -1.1)]],
+                    finish_reason="stop", stop_reason=8, num_cached_tokens=1))
     assert tally.text == "He" and tally.token_texts == ["He", "", ""]
-    assert tally.usage().model_dump() == {"prompt_tokens": 2, "completion_tokens": 3,
-                                          "total_tokens": 5}
-    assert tally.finish_reason() == "length"
-    # Without counts from the model: the engine's own prompt encoding, one log-prob per token.
+    assert tally.top_logprobs[1] == [(7, -0.25), (5, -2.0)]
+    assert tally.usage().model_dump() == {"prompt_tokens": 2, "completion_tokens": 3, "total_tokens": 5,
+                                          "prompt_tokens_details": {"cached_tokens": 1}}
+    # EOS on the last allowed token: the model says "stop" (no guess from the counts).
+    assert (tally.finish_reason(), tally.stop_reason()) == ("stop", 8)
+    # A last response without the model's finish_reason and counts (a model older than the front
+    # end): a 500 saying so, not a guess.
     tally = Tally(_served(tiny_tokenizer()), "Hello world", max_tokens=3)
-    tally.add(Piece("x", [-1.0], final=True))
-    expected = len(tiny_tokenizer().encode("Hello world", add_special_tokens=False))
-    assert (tally.usage().prompt_tokens, tally.usage().completion_tokens) == (expected, 1)
-    assert tally.finish_reason() == "stop"
+    tally.add(Piece("x", [-1.0], final=True, num_input_tokens=2, num_output_tokens=1))
+    with pytest.raises(APIError) as info:
+        tally.finish_reason()
+    assert info.value.status == 500
+
+
+def test_top_logprobs_name_each_alternative_by_its_own_text():
+    from trtforge.frontend.generation import chat_logprobs, completion_logprobs
+
+    tok = tiny_tokenizer()
+    served = _served(tok)
+    ids = tok.encode("hello world", add_special_tokens=False)[:2]
+    top = [[(ids[0], -0.1), (ids[1], -2.0)], [(ids[1], -0.3), (ids[0], -1.0)]]
+    chat = chat_logprobs(served, ["a", "b"], [-0.1, -0.3], top, 2)
+    assert [[(t.token, t.logprob) for t in c.top_logprobs] for c in chat.content] == \
+        [[(tok.decode([i]), lp) for i, lp in row] for row in top]
+    assert chat.content[0].top_logprobs[0].bytes == list(tok.decode([ids[0]]).encode())
+    assert all(c.top_logprobs == [] for c in chat_logprobs(served, ["a", "b"], [-0.1, -0.3], [], 0).content)
+    legacy = completion_logprobs(served, ["a", "b"], [-0.1, -0.3], top, 2, offset=3)
+    assert legacy.text_offset == [3, 4] and legacy.top_logprobs[1] == {tok.decode([ids[1]]): -0.3,
+                                                                       tok.decode([ids[0]]): -1.0}
+    assert completion_logprobs(served, ["a"], [-0.1], [], 0).top_logprobs is None
 
 
 def test_chat_template_or_a_clear_400():

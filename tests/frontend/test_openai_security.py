@@ -88,7 +88,8 @@ class FakeBridge:
                 raise RuntimeError(SECRET)
             final = i == len(pieces) - 1
             yield Piece(text, [-0.5], final, num_input_tokens=2 if final else None,
-                        num_output_tokens=len(pieces) if final else None)
+                        num_output_tokens=len(pieces) if final else None,
+                        finish_reason="stop" if final else None)
 
 
 @pytest.fixture

@@ -53,7 +53,11 @@ def _arrays(answer: Answer) -> dict[str, np.ndarray]:
 def test_an_answer_reads_back_from_its_tensors():
     for answer in (Answer("héllo", cum_logprob=-1.75, logprobs=[-0.5, -1.25],
                           num_input_tokens=3, num_output_tokens=2),
-                   Answer("x", context_phase_params=b'{"handle": 1}'), Answer("")):
+                   Answer("x", context_phase_params=b'{"handle": 1}'), Answer(""),
+                   Answer("end", num_input_tokens=3, num_output_tokens=2, finish_reason="stop",
+                          stop_reason="\n\nUser:", num_cached_tokens=8, logprobs=[-0.5, -0.25],
+                          top_logprobs=[[(7, -0.5), (3, -1.5)], [(9, -0.25), (7, -2.0)]]),
+                   Answer("", finish_reason="length", stop_token_id=2, top_logprobs=[])):
         arrays = _arrays(answer)
         assert Answer.of_arrays(arrays) == answer
         assert arrays["text_output"].shape == (1, 1)
@@ -61,6 +65,11 @@ def test_an_answer_reads_back_from_its_tensors():
     assert full["output_log_probs"].shape == (1, 1, 1) and full["output_log_probs"].dtype == np.float32
     assert full["num_output_tokens"].dtype == np.int32
     assert set(_arrays(Answer("a"))) == {"text_output"}  # None leaves a tensor out
+    tops = _arrays(Answer("a", top_logprobs=[[(7, -0.5), (3, -1.5)]] * 3))
+    assert tops["top_logprobs_ids"].shape == tops["top_logprobs"].shape == (1, 3, 2)
+    assert (tops["top_logprobs_ids"].dtype, tops["top_logprobs"].dtype) == (np.int32, np.float32)
+    ending = _arrays(Answer("a", finish_reason="stop", stop_token_id=2, num_cached_tokens=0))
+    assert ending["finish_reason"].shape == (1, 1) and ending["stop_token_id"].dtype == np.int32
 
 
 def test_input_arrays_are_copies_of_the_named_inputs():

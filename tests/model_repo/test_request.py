@@ -32,6 +32,17 @@ def test_sampling_inputs_map_to_params():
     assert req.stream and req.return_log_probs and req.exclude_input
 
 
+def test_num_top_logprobs_asks_for_alternatives_and_is_bounded():
+    req = parse_request(request_arrays("x", 2, num_top_logprobs=5))
+    assert (req.return_log_probs, req.num_top_logprobs, req.params.logprobs) == (True, 5, 5)
+    req = parse_request(request_arrays("x", 2, num_top_logprobs=0, return_log_probs=True))
+    assert (req.return_log_probs, req.num_top_logprobs, req.params.logprobs) == (True, 0, 0)
+    assert parse_request(request_arrays("x", 2, num_top_logprobs=0)).params.logprobs is None
+    for bad in (21, -1):
+        with pytest.raises(ValueError, match=r"num_top_logprobs=.* send an integer 0..20"):
+            parse_request(request_arrays("x", 2, num_top_logprobs=bad))
+
+
 def test_top_p_zero_means_no_filter_as_in_tensorrt_llm():
     assert parse_request(request_arrays("x", 2, top_p=0.0)).params.top_p == 1.0
 

@@ -350,6 +350,49 @@ def test_logprobs_match_transformers(dirs, engine):
     assert plain.logprobs is None and plain.cum_logprob is None
 
 
+def test_top_logprobs_equal_transformers_log_softmax_top_k(dirs, engine):
+    """SamplingParams.logprobs=K: each token's K alternatives are HF's log_softmax top-k of the same
+    checkpoint (the raw model distribution: not changed by temperature or penalties)."""
+    from transformers import AutoModelForCausalLM
+
+    k = 20
+    (out,) = engine.generate([PROMPT], SamplingParams(max_tokens=8, ignore_eos=True, temperature=0.8, seed=3,
+                                                      presence_penalty=0.5, logprobs=k))
+    tokens = out.output_token_ids
+    prompt_ids = engine.tokenizer.encode(PROMPT, add_special_tokens=False)
+    hf = AutoModelForCausalLM.from_pretrained(str(dirs[0]), dtype=torch.float32).eval()
+    with torch.no_grad():
+        logits = hf(torch.tensor([prompt_ids + tokens])).logits[0, len(prompt_ids) - 1:-1]
+    values, ids = torch.log_softmax(logits, -1).topk(k, dim=-1)
+    assert len(out.top_logprobs) == len(tokens) == 8 and all(len(top) == k for top in out.top_logprobs)
+    got_values = torch.tensor([[lp for _, lp in top] for top in out.top_logprobs])
+    torch.testing.assert_close(got_values, values, atol=1e-4, rtol=0)
+    for top, want_ids, want_values in zip(out.top_logprobs, ids.tolist(), values.tolist()):
+        for j, (token_id, _) in enumerate(top):  # the same ids, but where two values tie within tolerance
+            assert token_id == want_ids[j] or any(abs(want_values[j] - want_values[i]) < 1e-4
+                                                  for i in range(k) if want_ids[i] == token_id)
+    chosen = torch.log_softmax(logits, -1).gather(1, torch.tensor(tokens)[:, None])[:, 0]
+    torch.testing.assert_close(torch.tensor(out.logprobs), chosen, atol=1e-4, rtol=0)
+
+
+def test_num_cached_tokens_counts_the_prompt_served_from_the_prefix_cache(dirs):
+    engine = LLMEngine.from_engine_dir(dirs[1])
+    prompt_ids = engine.tokenizer.encode(PROMPT, add_special_tokens=False)
+    (first,) = engine.generate([PROMPT], greedy(3))
+    (again,) = engine.generate([PROMPT], greedy(3))
+    block = engine.scheduler_config.block_size
+    assert first.num_cached_tokens == 0
+    # Full blocks of the prompt, the last prompt token always computed.
+    assert again.num_cached_tokens == (len(prompt_ids) - 1) // block * block > 0
+    assert again.output_token_ids == first.output_token_ids
+    streamed = list(engine.stream(PROMPT, greedy(3)))
+    assert streamed[-1].finished and streamed[-1].num_cached_tokens == again.num_cached_tokens
+    (other,) = engine.generate([PROMPT], greedy(3, cache_salt="another-tenant"))
+    assert other.num_cached_tokens == 0
+    off = LLMEngine.from_engine_dir(dirs[1], enable_prefix_caching=False)
+    assert [o.num_cached_tokens for o in off.generate([PROMPT, PROMPT], greedy(2))] == [0, 0]
+
+
 GOOD = [(PROMPT, greedy(10)),
         ("Hello, world!", SamplingParams(max_tokens=10, temperature=0.9, top_p=0.95, seed=5, ignore_eos=True)),
         ("Hi there", greedy(10, repetition_penalty=1.3, presence_penalty=0.5, logprobs=2))]
