@@ -46,7 +46,7 @@ _ROPE_GLOBALS = (
     _R("lm_head.weight", ("lm_head.weight",), unless="tie_word_embeddings"),
 )
 _P = "model.layers.{i}."
-_ROPE_LAYER = (
+_ATTENTION = (  # the input norm and attention of Llama-style layers (separate q/k/v projections)
     _R("input_norm.weight", (_P + "input_layernorm.weight",)),
     _R("attn.qkv.weight", tuple(_P + f"self_attn.{x}_proj.weight" for x in "qkv"), "concat"),
     _R("attn.qkv.bias", tuple(_P + f"self_attn.{x}_proj.bias" for x in "qkv"), "concat",
@@ -55,6 +55,9 @@ _ROPE_LAYER = (
     _R("attn.k_norm.weight", (_P + "self_attn.k_norm.weight",), when="qk_norm"),
     _R("attn.o_proj.weight", (_P + "self_attn.o_proj.weight",)),
     _R("attn.o_proj.bias", (_P + "self_attn.o_proj.bias",), when="o_bias"),
+)
+_ROPE_LAYER = (
+    *_ATTENTION,
     _R("post_attn_norm.weight", (_P + "post_attention_layernorm.weight",)),
     _R("mlp.gate_up.weight", (_P + "mlp.gate_proj.weight", _P + "mlp.up_proj.weight"), "concat"),
     _R("mlp.gate_up.bias", (_P + "mlp.gate_proj.bias", _P + "mlp.up_proj.bias"), "concat",
@@ -78,14 +81,7 @@ _PHI3_LAYER = (
 # attention output (ours: attn_out_norm); its pre_feedforward_layernorm is the MLP's input norm (ours:
 # post_attn_norm, Llama's post_attention_layernorm); post_feedforward_layernorm the MLP output's.
 _GEMMA_LAYER = (
-    _R("input_norm.weight", (_P + "input_layernorm.weight",)),
-    _R("attn.qkv.weight", tuple(_P + f"self_attn.{x}_proj.weight" for x in "qkv"), "concat"),
-    _R("attn.qkv.bias", tuple(_P + f"self_attn.{x}_proj.bias" for x in "qkv"), "concat",
-       when="qkv_bias"),
-    _R("attn.q_norm.weight", (_P + "self_attn.q_norm.weight",), when="qk_norm"),
-    _R("attn.k_norm.weight", (_P + "self_attn.k_norm.weight",), when="qk_norm"),
-    _R("attn.o_proj.weight", (_P + "self_attn.o_proj.weight",)),
-    _R("attn.o_proj.bias", (_P + "self_attn.o_proj.bias",), when="o_bias"),
+    *_ATTENTION,
     _R("attn_out_norm.weight", (_P + "post_attention_layernorm.weight",)),
     _R("post_attn_norm.weight", (_P + "pre_feedforward_layernorm.weight",)),
     _R("mlp.gate_up.weight", (_P + "mlp.gate_proj.weight", _P + "mlp.up_proj.weight"), "concat"),
