@@ -11,6 +11,7 @@ KV blocks used / total and the prefix-cache hit rate goes to the snapshot publis
 from __future__ import annotations
 
 import time
+from collections.abc import Callable
 from typing import Any
 
 from trtforge.serving.core.kv_events import BlockRemoved, BlockStored, KVEvent, KVEventLog, block_id
@@ -44,8 +45,9 @@ class RouterFeed:
         self._interval, self._last_snapshot = snapshot_interval_s, 0.0
         self.events_published = 0
 
-    def publish(self, stats: Any) -> None:
-        """Flush the events and (rate-limited) the load; `stats` is LLMEngine.stats()."""
+    def publish(self, engine_stats: Callable[[], Any]) -> None:
+        """Flush the events and (rate-limited) the load; `engine_stats` is LLMEngine.stats, called
+        only when a snapshot is due (not on every step)."""
         if self.kv_publisher is not None and len(self.log):
             for kind, run in stored_runs(self.log.drain()):
                 if kind == "stored":
@@ -65,6 +67,7 @@ class RouterFeed:
             from dynamo.common.backend.publisher import ComponentSnapshot
 
             self._last_snapshot = now
+            stats = engine_stats()
             queried = stats.prefix_cache_queried_tokens
             self.snapshot_publisher.publish(0, ComponentSnapshot(
                 kv_used_blocks=stats.kv_blocks_used, kv_total_blocks=stats.kv_blocks_total,

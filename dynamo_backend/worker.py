@@ -75,7 +75,7 @@ class TrtforgeEngine(LLMEngine):
                                      self.options.model_card_dir and Path(self.options.model_card_dir))
         log = engine.scheduler.kv_manager.enable_events()
         self.feed = RouterFeed(log, engine.scheduler_config.block_size)
-        self.loop = EngineLoop(engine, after_step=lambda: self.feed.publish(engine.stats()))
+        self.loop = EngineLoop(engine, after_step=lambda: self.feed.publish(engine.stats))
 
     async def start(self, worker_id: int) -> EngineConfig:
         del worker_id
