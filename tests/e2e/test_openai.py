@@ -297,13 +297,7 @@ def test_echo_tokenize_and_detokenize(api):
 
 
 def _post_to(url: str, body: dict) -> tuple[int, dict]:
-    request = urllib.request.Request(url, data=json.dumps(body).encode(),
-                                     headers={"Content-Type": "application/json", **AUTH})
-    try:
-        with urllib.request.urlopen(request, timeout=60) as resp:
-            return resp.status, json.loads(resp.read())
-    except urllib.error.HTTPError as exc:
-        return exc.code, json.loads(exc.read())
+    return _post_url(url, json.dumps(body).encode())
 
 
 def _unauthorized(url: str, key: str | None) -> int:
@@ -359,7 +353,11 @@ def test_16_concurrent_requests_are_all_correct_beside_bad_keys(api):
 
 
 def _post(api: Api, path: str, body: bytes) -> tuple[int, dict]:
-    request = urllib.request.Request(api.serve.openai_url + path, data=body,
+    return _post_url(api.serve.openai_url + path, body)
+
+
+def _post_url(url: str, body: bytes) -> tuple[int, dict]:
+    request = urllib.request.Request(url, data=body,
                                      headers={"Content-Type": "application/json", **AUTH})
     try:
         with urllib.request.urlopen(request, timeout=60) as resp:

@@ -12,6 +12,7 @@ from pathlib import Path
 import pytest
 from fastapi.testclient import TestClient
 
+from tests.frontend.stub_bridge import StubBridge
 from tests.helpers.checkpoints import tokenizer as tiny_tokenizer
 from trtforge.frontend import server
 from trtforge.frontend.guard import Limits
@@ -24,19 +25,10 @@ COMPLETION = {"model": "tiny", "prompt": "Hi", "max_tokens": 2}
 CHAT = {"model": "tiny", "messages": [{"role": "user", "content": "Hi"}], "max_tokens": 2}
 
 
-class RecordingBridge:
+class RecordingBridge(StubBridge):
     """TritonBridge's interface: records each request as the ensemble model would parse it."""
 
     sent: list = []
-
-    def __init__(self, url: str, model: str) -> None:
-        pass
-
-    async def close(self) -> None:
-        pass
-
-    async def ready(self) -> bool:
-        return True
 
     async def generate(self, arrays):
         RecordingBridge.sent.append((dict(arrays), parse_request(arrays)))

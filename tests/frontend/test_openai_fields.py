@@ -11,6 +11,7 @@ from pathlib import Path
 import pytest
 from fastapi.testclient import TestClient
 
+from tests.frontend.stub_bridge import StubBridge
 from tests.helpers.checkpoints import tokenizer as tiny_tokenizer
 from trtforge.frontend import server
 from trtforge.frontend.served_model import ServedModel
@@ -21,20 +22,11 @@ PROMPT = "Hello there"
 CHAT = {"model": "tiny", "messages": [{"role": "user", "content": "Hi"}], "max_tokens": 3}
 
 
-class EngineLikeBridge:
+class EngineLikeBridge(StubBridge):
     """Answers like the ensemble model: 3 tokens in 2 responses, the last one with the counts, why it
     finished, and the cached prompt tokens; log-probabilities only when the request asks."""
 
     sent: list = []
-
-    def __init__(self, url: str, model: str) -> None:
-        pass
-
-    async def close(self) -> None:
-        pass
-
-    async def ready(self) -> bool:
-        return True
 
     async def generate(self, arrays):
         parsed = parse_request(arrays)

@@ -18,6 +18,7 @@ import pytest
 from click.testing import CliRunner
 from fastapi.testclient import TestClient
 
+from tests.frontend.stub_bridge import StubBridge
 from tests.helpers.checkpoints import tokenizer as tiny_tokenizer
 from trtforge.cli.triton import serve_command
 from trtforge.frontend import guard, server
@@ -56,21 +57,12 @@ class SpyTokenizer:
         return self.tok.apply_chat_template(conversation, **kwargs)
 
 
-class FakeBridge:
+class FakeBridge(StubBridge):
     """TritonBridge's interface; the prompt chooses what the "model" does."""
 
     prompts: list[str] = []
     stream_pieces = 150
     """The prompt "stream" gets this many pieces, one every 20 ms; the others get REPLY."""
-
-    def __init__(self, url: str, model: str) -> None:
-        self.url = url
-
-    async def close(self) -> None:
-        pass
-
-    async def ready(self) -> bool:
-        return True
 
     async def generate(self, arrays):
         prompt = parse_request(arrays).prompt  # (a chat prompt holds the message's text)
