@@ -281,7 +281,17 @@ def test_kv_aware_routing_follows_our_kv_events(fleet):
     _wait(lambda: _idle(fleet), 10, "no block held")
 
 
+# Dynamo's transport logs at ERROR when the peer of a stream has gone away: the cancelled stream
+# above closes its connection while the worker still writes to it ("writer task returned error ...
+# Broken pipe"). That line is the runtime reporting the cancellation, not a failure of ours.
+_TRANSPORT_CANCEL = re.compile(r"dynamo_runtime::pipeline::network::tcp::client.*(Broken pipe|Connection reset)")
+_ANSI = re.compile(r"\x1b\[[0-9;]*m")
+
+
 def test_worker_logs_show_no_errors(fleet):
     for w in fleet.workers:
-        text = w.log.read_text()
-        assert not re.search(r"Traceback|ERROR", text), text[-3000:]
+        text = _ANSI.sub("", w.log.read_text())
+        assert "Traceback" not in text, text[-3000:]
+        errors = [line for line in text.splitlines() if re.search(r"\bERROR\b", line)
+                  and not _TRANSPORT_CANCEL.search(line)]
+        assert not errors, errors
