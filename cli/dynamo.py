@@ -11,8 +11,10 @@ from trtforge.config.runtime import RuntimeConfig
 from trtforge.models.errors import BuildError
 from trtforge.plugins.native import UnsafeCacheDir
 
-RUNTIME_FIELDS = ("device", "kv_cache_memory", "cuda_graphs", "verify_checksums")
-"""The RuntimeConfig fields a Dynamo worker takes (a co-located engine: no phase options yet)."""
+RUNTIME_FIELDS = ("device", "kv_cache_memory", "cuda_graphs", "verify_checksums", "kv_connector",
+                  "kv_advertise_host", "kv_auth_key_file", "kv_tls_cert_file", "kv_tls_key_file",
+                  "kv_tls_ca_file", "kv_peers", "handoff_timeout_s")
+"""The RuntimeConfig fields a Dynamo worker takes (the phase follows --disaggregation-mode)."""
 
 
 def _worker_options(fn):
@@ -21,7 +23,8 @@ def _worker_options(fn):
     fn = dataclass_options(RuntimeConfig, only=RUNTIME_FIELDS)(fn)
     return dataclass_options(WorkerOptions, exclude=("engine_dir", "runtime", "scheduler"),
                              choices={"discovery_backend": ("file", "etcd", "mem", "kubernetes"),
-                                      "request_plane": ("tcp", "nats"), "event_plane": ("zmq", "nats")})(fn)
+                                      "request_plane": ("tcp", "nats"), "event_plane": ("zmq", "nats"),
+                                      "disaggregation_mode": ("agg", "prefill", "decode")})(fn)
 
 
 @click.command("dynamo-worker")

@@ -22,6 +22,7 @@ from typing import Any
 
 from trtforge.config.sampling import SamplingParams
 from trtforge.serving.engine import LLMEngine
+from trtforge.serving.kv_connector import KVHandle
 from trtforge.serving.outputs import RequestOutput
 
 
@@ -35,15 +36,17 @@ class EngineLoop:
         self._thread = threading.Thread(target=self._run, name="trtforge-engine", daemon=True)
         self._thread.start()
 
-    def submit(self, request_id: str, prompt_token_ids: list[int], params: SamplingParams) -> asyncio.Queue:
-        """Queue a request; its outputs (RequestOutput, the last one finished) or the exception
-        that refused it arrive on the returned queue, in the caller's event loop."""
+    def submit(self, request_id: str, prompt_token_ids: list[int], params: SamplingParams,
+               handle: KVHandle | None = None) -> asyncio.Queue:
+        """Queue a request (`handle`: a generation-phase engine continues that handoff instead);
+        its outputs (RequestOutput, the last one finished) or the exception that refused it
+        arrive on the returned queue, in the caller's event loop."""
         loop, outputs = asyncio.get_running_loop(), asyncio.Queue()
 
         def deliver(item: RequestOutput | BaseException) -> None:
             loop.call_soon_threadsafe(outputs.put_nowait, item)
 
-        self._inbox.put(("add", request_id, prompt_token_ids, params, deliver))
+        self._inbox.put(("add", request_id, prompt_token_ids, params, deliver, handle))
         return outputs
 
     def cancel(self, request_id: str) -> None:
@@ -60,6 +63,7 @@ class EngineLoop:
         while not self._stop.is_set():
             self._take(block=not self.engine.has_unfinished())
             if not self.engine.has_unfinished():
+                self.engine.poll()  # a disaggregated phase's connector: free handoffs taken or expired
                 continue
             try:
                 outputs = self.engine.step()
@@ -91,10 +95,13 @@ class EngineLoop:
 
     def _handle(self, item: tuple[Any, ...]) -> None:
         if item[0] == "add":
-            _, rid, ids, params, deliver = item
+            _, rid, ids, params, deliver, handle = item
             try:
-                self.engine.add_request(ids, params, request_id=rid)
-            except Exception as exc:  # noqa: BLE001 - ValueError / EngineOverloaded: this request only
+                if handle is not None:
+                    self.engine.add_handoff(handle, params, request_id=rid)
+                else:
+                    self.engine.add_request(ids, params, request_id=rid)
+            except Exception as exc:  # noqa: BLE001 - ValueError / EngineOverloaded / HandoffError: this request only
                 deliver(exc)
                 return
             self._deliver[rid] = deliver

@@ -23,6 +23,10 @@ class WorkerOptions:
     request_plane: str = "tcp"
     event_plane: str = "zmq"
     """zmq (no broker) | nats."""
+    disaggregation_mode: str = "agg"
+    """agg (prefill and decode here) | prefill (the prompt and first token; the KV is handed to a
+    decode worker through our KV connector) | decode (continues handed-over requests). Sets the
+    engine's phase (context / generation); the --kv-* options configure the connector."""
     enable_kv_routing: bool = True
     """Publish KV events and load for the KV-aware router."""
     model_card_dir: str | None = None

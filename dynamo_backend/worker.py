@@ -15,6 +15,7 @@
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import uuid
 from pathlib import Path
 from typing import Any
@@ -24,6 +25,8 @@ from dynamo.common.backend.engine import EngineConfig, LlmRegistration
 from dynamo.common.backend.publisher import PushSource
 from dynamo.llm.exceptions import InvalidArgument, Unknown
 
+from trtforge.config.runtime import Phase
+from trtforge.dynamo_backend.disagg import MODES, FinishedAtPrefill, handoff_params, parse_prefill_result
 from trtforge.dynamo_backend.engine_loop import EngineLoop
 from trtforge.dynamo_backend.model_card import write_model_card
 from trtforge.dynamo_backend.options import WorkerOptions
@@ -31,11 +34,25 @@ from trtforge.dynamo_backend.publish import RouterFeed
 from trtforge.dynamo_backend.requests import prompt_token_ids, sampling_params
 from trtforge.serving.core.scheduler import EngineOverloaded
 from trtforge.serving.engine import LLMEngine as TrtforgeLLMEngine
-from trtforge.serving.outputs import FinishReason
+from trtforge.serving.outputs import FinishReason, RequestOutput
 
 _FINISH = {FinishReason.STOP: "stop", FinishReason.LENGTH: "length", FinishReason.ABORT: "cancelled",
-           FinishReason.TIMEOUT: "length"}
-"""Our finish reasons in Dynamo's words (a timeout ends the answer where it is, as max_tokens does)."""
+           FinishReason.TIMEOUT: "length", FinishReason.HANDOFF: "length"}
+"""Our finish reasons in Dynamo's words (a timeout ends the answer where it is, as max_tokens does;
+a prefill worker's handoff ends its part as max_tokens=1 would)."""
+_PHASES = {"agg": Phase.BOTH, "prefill": Phase.CONTEXT, "decode": Phase.GENERATION}
+
+
+def _dynamo_mode(name: str):
+    def make():
+        from dynamo.common.constants import DisaggregationMode
+
+        return {"agg": DisaggregationMode.AGGREGATED, "prefill": DisaggregationMode.PREFILL,
+                "decode": DisaggregationMode.DECODE}[name]
+    return make
+
+
+_DYNAMO_MODES = {m: _dynamo_mode(m) for m in MODES}
 
 
 class TrtforgeEngine(LLMEngine):
@@ -59,7 +76,8 @@ class TrtforgeEngine(LLMEngine):
         return WorkerConfig(namespace=o.namespace, component=o.component, endpoint=o.endpoint,
                             model_name=str(self.card), served_model_name=self.served_name,
                             discovery_backend=o.discovery_backend, request_plane=o.request_plane,
-                            event_plane=o.event_plane, enable_kv_routing=o.enable_kv_routing)
+                            event_plane=o.event_plane, enable_kv_routing=o.enable_kv_routing,
+                            disaggregation_mode=_DYNAMO_MODES[o.disaggregation_mode]())
 
     @property
     def served_name(self) -> str:
@@ -67,8 +85,14 @@ class TrtforgeEngine(LLMEngine):
 
     def load(self) -> None:
         """Load the engine and write the model card (before the Dynamo worker starts)."""
-        engine = TrtforgeLLMEngine.from_engine_dir(self.options.engine_dir, self.options.runtime,
-                                                   **self.options.scheduler)
+        mode = self.options.disaggregation_mode
+        if mode not in MODES:
+            raise ValueError(f"--disaggregation-mode {mode!r}: one of {', '.join(MODES)}")
+        runtime = self.options.runtime
+        if runtime.phase not in (Phase.BOTH, _PHASES[mode]):
+            raise ValueError(f"phase {runtime.phase} contradicts --disaggregation-mode {mode}")
+        runtime = dataclasses.replace(runtime, phase=_PHASES[mode])
+        engine = TrtforgeLLMEngine.from_engine_dir(self.options.engine_dir, runtime, **self.options.scheduler)
         self.engine = engine
         self._max_seq_len = engine.scheduler_config.max_seq_len
         self.card = write_model_card(Path(self.options.engine_dir), engine.engine_config, self._max_seq_len,
@@ -99,39 +123,35 @@ class TrtforgeEngine(LLMEngine):
         self.feed.snapshot_publisher = publisher
 
     async def generate(self, request: dict[str, Any], context: Any):
+        handoff = None
+        if self.options.disaggregation_mode == "prefill":
+            # Dynamo sends prefill workers max_tokens=1; ours must not end the request at its first
+            # token but hand it over (the decode worker applies the client's max_tokens).
+            request = {**request, "stop_conditions": {**(request.get("stop_conditions") or {}), "max_tokens": None}}
         try:
             ids = prompt_token_ids(request)
             params = sampling_params(request, default_max_tokens=max(1, self._max_seq_len - len(ids)))
+            if self.options.disaggregation_mode == "decode":
+                handoff = parse_prefill_result(request, ids, self.engine.engine_config.model.vocab_size)
         except (ValueError, TypeError) as exc:
             raise InvalidArgument(str(exc)) from None
+        if isinstance(handoff, FinishedAtPrefill):  # the prefill ended it: its one token is the answer
+            yield {"token_ids": [handoff.token], "index": 0, "finish_reason": handoff.reason,
+                   "completion_usage": {"prompt_tokens": len(ids), "completion_tokens": 1,
+                                        "total_tokens": len(ids) + 1}}
+            return
+        # Dynamo streams the decode worker's tokens only: the first one (the handle's) goes first.
+        lead = ([int(handoff.first_token)], [handoff.cum_logprob]) if handoff is not None else ([], [])
+        prefill = self.options.disaggregation_mode == "prefill"
         rid = _request_id(context)
-        outputs = self.loop.submit(rid, ids, params)
+        outputs = self.loop.submit(rid, ids, params, handoff)
         finished = False
         try:
-            while True:
-                item = await outputs.get()
-                if isinstance(item, EngineOverloaded):
-                    raise InvalidArgument(f"the worker's queue is full, retry later: {item}")
-                if isinstance(item, ValueError):
-                    raise InvalidArgument(str(item))
-                if isinstance(item, BaseException):
-                    raise Unknown(str(item))
-                chunk: dict[str, Any] = {"token_ids": list(item.new_token_ids), "index": 0}
-                if item.logprobs is not None:
-                    chunk["log_probs"] = list(item.logprobs)
-                if item.finished:
-                    finished = True
-                    if item.finish_reason == FinishReason.ERROR:
-                        raise Unknown(item.error or "the request failed")
-                    chunk["finish_reason"] = _FINISH.get(item.finish_reason, "stop")
-                    n = len(item.output_token_ids)
-                    chunk["completion_usage"] = {
-                        "prompt_tokens": item.num_prompt_tokens, "completion_tokens": n,
-                        "total_tokens": item.num_prompt_tokens + n,
-                        "prompt_tokens_details": {"cached_tokens": item.num_cached_tokens}}
-                    yield chunk
-                    return
-                yield chunk
+            while not finished:
+                item = _checked(await outputs.get())
+                finished = item.finished
+                yield _chunk(item, *lead, prefill=prefill)
+                lead = ([], [])
         finally:
             if not finished:  # cancelled (the client left, or a stop string ended it upstream)
                 self.loop.cancel(rid)
@@ -147,6 +167,37 @@ class TrtforgeEngine(LLMEngine):
         if self.engine is not None:
             self.engine.close()
             self.engine = None
+
+
+def _checked(item: RequestOutput | BaseException) -> RequestOutput:
+    """An output of the engine loop, or the Dynamo error that fails this request."""
+    if isinstance(item, EngineOverloaded):
+        raise InvalidArgument(f"the worker's queue is full, retry later: {item}")
+    if isinstance(item, ValueError):
+        raise InvalidArgument(str(item))
+    if isinstance(item, BaseException):
+        raise Unknown(str(item))
+    if item.finished and item.finish_reason == FinishReason.ERROR:
+        raise Unknown(item.error or "the request failed")
+    return item
+
+
+def _chunk(item: RequestOutput, lead_ids: list[int], lead_logprobs: list[float], prefill: bool) -> dict[str, Any]:
+    """Dynamo's chunk for one output (`lead_*`: a handed-over first token sent before it; the
+    last chunk has the finish reason, the usage and, from a prefill worker, the handoff)."""
+    chunk: dict[str, Any] = {"token_ids": lead_ids + list(item.new_token_ids), "index": 0}
+    if item.logprobs is not None:
+        chunk["log_probs"] = lead_logprobs[:len(lead_ids)] + list(item.logprobs)
+    if item.finished:
+        chunk["finish_reason"] = _FINISH.get(item.finish_reason, "stop")
+        if prefill:
+            chunk["disaggregated_params"] = handoff_params(item)
+        n = len(item.output_token_ids)
+        chunk["completion_usage"] = {
+            "prompt_tokens": item.num_prompt_tokens, "completion_tokens": n,
+            "total_tokens": item.num_prompt_tokens + n,
+            "prompt_tokens_details": {"cached_tokens": item.num_cached_tokens}}
+    return chunk
 
 
 def _request_id(context: Any) -> str:

@@ -123,3 +123,38 @@ def test_engine_loop_serves_asyncio_callers_cancels_and_isolates_bad_requests(en
     finally:
         loop.close()
     assert engine.stats().kv_blocks_used == 0 and not engine.has_unfinished()
+
+
+_HANDLE = dict(request_id="r", location="/dev/shm/x", slot=0, nonce=1, blocks=[0], num_tokens=3, block_size=8,
+               deadline=0.0, nbytes=0, prompt_token_ids=[1, 2, 3], first_token=5, seed=0)
+
+
+@pytest.mark.parametrize(("params", "message"), [
+    (None, "needs the prefill worker's result"),
+    ({"disaggregated_params": None}, "must hold"),
+    ({"disaggregated_params": {"trtforge_kv_handle": "{}", "trtforge_finished": {}}}, "must hold"),
+    ({"disaggregated_params": {"trtforge_kv_handle": 7}}, "must be a string"),
+    ({"disaggregated_params": {"trtforge_kv_handle": "[1]"}}, "malformed context_phase_params"),
+    ({"disaggregated_params": {"trtforge_kv_handle": json.dumps({**_HANDLE, "evil": 1})}}, "unknown field"),
+    ({"disaggregated_params": {"trtforge_kv_handle": json.dumps({**_HANDLE, "prompt_token_ids": [9]})}},
+     "another prompt"),
+    ({"disaggregated_params": {"trtforge_finished": {"token": 10 ** 9, "reason": "stop"}}}, "malformed"),
+    ({"disaggregated_params": {"trtforge_finished": {"token": True, "reason": "stop"}}}, "malformed"),
+    ({"disaggregated_params": {"trtforge_finished": {"token": 3, "reason": "handoff"}}}, "malformed"),
+])
+def test_a_decode_workers_prefill_result_is_checked_before_use(params, message):
+    from trtforge.dynamo_backend.disagg import parse_prefill_result
+
+    with pytest.raises(ValueError, match=message):
+        parse_prefill_result({"prefill_result": params}, [1, 2, 3], vocab_size=100)
+
+
+def test_a_prefill_result_gives_the_handle_or_the_finished_token():
+    from trtforge.dynamo_backend.disagg import FinishedAtPrefill, parse_prefill_result
+
+    handle = parse_prefill_result({"prefill_result": {"disaggregated_params": {
+        "trtforge_kv_handle": json.dumps(_HANDLE)}}}, [1, 2, 3], vocab_size=100)
+    assert (handle.first_token, handle.prompt_token_ids) == (5, [1, 2, 3])  # its signature: check_handoff's
+    done = parse_prefill_result({"prefill_result": {"disaggregated_params": {
+        "trtforge_finished": {"token": 4, "reason": "stop"}}}}, [1, 2, 3], vocab_size=100)
+    assert done == FinishedAtPrefill(4, "stop")

@@ -13,88 +13,34 @@ conftest.EXPECTED_TESTS.
 
 from __future__ import annotations
 
+import asyncio
 import os
-import re
 import signal
-import socket
-import subprocess
-import sys
 import time
-import urllib.request
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
 
-from tests.e2e.helpers import BIN
+from tests.e2e.dynamo_fleet import (
+    MODEL,
+    Proc,
+    Worker,
+    client,
+    collect,
+    complete,
+    in_runtime,
+    start_frontend,
+    start_worker,
+    wait,
+    wait_ready,
+)
 
 pytestmark = pytest.mark.e2e
 
-MODEL = "tiny"
 MAX_TOKENS = 12
 PROMPTS = ["Hello world", "The quick brown fox", "Café au lait", "Stop strings end a request;"]
-
-
-def _free_port() -> int:
-    """A free loopback port below 32768 (Dynamo 1.6.1 parses DYN_SYSTEM_PORT as an i16)."""
-    import random
-
-    for _ in range(200):
-        port = random.randrange(20000, 32768)
-        with socket.socket() as s:
-            try:
-                s.bind(("127.0.0.1", port))
-            except OSError:
-                continue
-            return port
-    raise AssertionError("no free port below 32768")
-
-
-def _get(url: str) -> str:
-    return urllib.request.urlopen(url, timeout=10).read().decode()
-
-
-def _wait(predicate, timeout_s: float, what: str) -> None:
-    deadline = time.monotonic() + timeout_s
-    while not predicate():
-        if time.monotonic() > deadline:
-            raise AssertionError(f"not within {timeout_s} s: {what}")
-        time.sleep(0.1)
-
-
-@dataclass
-class Proc:
-    proc: subprocess.Popen
-    log: Path
-
-    def stop(self) -> None:
-        if self.proc.poll() is None:
-            self.proc.send_signal(signal.SIGTERM)
-            try:
-                self.proc.wait(timeout=30)
-            except subprocess.TimeoutExpired:
-                self.proc.kill()
-                self.proc.wait()
-
-
-@dataclass
-class Worker(Proc):
-    system_port: int
-
-    def metric(self, name: str, endpoint: str = "generate") -> float:
-        for line in _get(f"http://127.0.0.1:{self.system_port}/metrics").splitlines():
-            if line.startswith(name + "{") and f'dynamo_endpoint="{endpoint}"' in line:
-                return float(line.rsplit(" ", 1)[1])
-        return 0.0
-
-    @property
-    def requests(self) -> int:
-        return int(self.metric("dynamo_component_requests_total"))
-
-    @property
-    def cache_usage(self) -> float:
-        return self.metric("dynamo_component_gpu_cache_usage_percent")
 
 
 @dataclass
@@ -105,83 +51,54 @@ class Fleet:
     """OpenAI base URL of the round-robin frontend (same workers)."""
     workers: list[Worker]
     expected: dict[str, str]
-
-
-def _env(root: Path, **extra: str) -> dict[str, str]:
-    loopback = {k: "127.0.0.1" for k in ("DYN_TCP_RPC_HOST", "DYN_TCP_RESPONSE_STREAM_HOST",
-                                          "DYN_EVENT_PLANE_HOST", "DYN_SYSTEM_HOST")}
-    return {**os.environ, "DYN_FILE_KV": str(root / "discovery"), "PYTHONUNBUFFERED": "1",
-            "DYN_LOG": "warn", **loopback, **extra}
-
-
-def _start(cmd: list[str], log: Path, env: dict[str, str]) -> subprocess.Popen:
-    with open(log, "w") as out:
-        return subprocess.Popen(cmd, stdout=out, stderr=subprocess.STDOUT, env=env)
+    root: Path
+    """The fleet's folder (discovery, logs)."""
+    tokenizer: object
+    vocab_size: int
+    kv_tokens: int
+    """Tokens a worker's KV pool holds (blocks x block size)."""
 
 
 @pytest.fixture(scope="module")
 def fleet(engine_dir, tmp_path_factory):
     root = tmp_path_factory.mktemp("dynamo")
     (root / "discovery").mkdir()
-    planes = ["--discovery-backend", "file", "--request-plane", "tcp", "--event-plane", "zmq"]
     procs: list[Proc] = []
     try:
-        workers = []
-        for i in range(2):
-            port = _free_port()
-            log = root / f"worker{i}.log"
-            # Small prefill chunks: a long prompt's prefill takes many steps, so a cached one is
-            # clearly faster (the time-to-first-token check below).
-            cmd = [str(BIN / "trtforge"), "dynamo-worker", str(engine_dir), "--served-model-name", MODEL,
-                   "--schedule", "prefill_chunk_size=64", *planes]
-            w = Worker(_start(cmd, log, _env(root, DYN_SYSTEM_PORT=str(port))), log, port)
-            procs.append(w)
-            workers.append(w)
+        # Small prefill chunks: a long prompt's prefill takes many steps, so a cached one is
+        # clearly faster (the time-to-first-token check below).
+        workers = [start_worker(root, engine_dir, f"worker{i}", "--schedule", "prefill_chunk_size=64")
+                   for i in range(2)]
+        procs += workers
         urls = []
         for mode in ("kv", "round-robin"):
-            port = _free_port()
-            log = root / f"frontend-{mode}.log"
-            cmd = [sys.executable, "-m", "dynamo.frontend", "--http-host", "127.0.0.1", "--http-port", str(port),
-                   "--router-mode", mode, *planes]
-            procs.append(Proc(_start(cmd, log, _env(root)), log))
-            urls.append(f"http://127.0.0.1:{port}/v1")
-
-        def ready() -> bool:
-            for p in procs:
-                if p.proc.poll() is not None:
-                    raise AssertionError(f"{p.log.name} exited {p.proc.returncode}:\n{p.log.read_text()[-3000:]}")
-            try:
-                return all(MODEL in _get(u + "/models") for u in urls) and \
-                    all(_get(f"http://127.0.0.1:{w.system_port}/metrics") for w in workers)
-            except OSError:
-                return False
-
-        _wait(ready, 180, "the frontends list the model and both workers answer")
+            frontend, url = start_frontend(root, mode)
+            procs.append(frontend)
+            urls.append(url)
+        wait_ready(procs, urls, workers)
         from trtforge.config.sampling import SamplingParams
         from trtforge.serving.engine import LLMEngine
 
         engine = LLMEngine.from_engine_dir(engine_dir)
         outs = engine.generate(PROMPTS, SamplingParams(max_tokens=MAX_TOKENS, ignore_eos=True))
         expected = {p: o.text for p, o in zip(PROMPTS, outs)}
-        client = _client(urls[0])
+        c = _client(urls[0])
         # Both workers registered with the router: requests reach both (a handful, by load).
-        _wait(lambda: _spread(client, workers), 60, "both workers serve requests")
-        yield Fleet(urls[0], urls[1], workers, expected)
+        wait(lambda: _spread(c, workers), 60, "both workers serve requests")
+        yield Fleet(urls[0], urls[1], workers, expected, root, engine.tokenizer,
+                    engine.engine_config.model.vocab_size,
+                    engine.scheduler_config.num_blocks * engine.scheduler_config.block_size)
     finally:
         for p in procs:
             p.stop()
 
 
 def _client(url: str):
-    from openai import OpenAI
-
-    return OpenAI(base_url=url, api_key="unused", max_retries=0, timeout=120)
+    return client(url)
 
 
-def _complete(client, prompt: str, max_tokens: int = MAX_TOKENS, **extra) -> str:
-    answer = client.completions.create(model=MODEL, prompt=prompt, max_tokens=max_tokens, temperature=0,
-                                       extra_body={"ignore_eos": True, **extra})
-    return answer.choices[0].text
+def _complete(c, prompt: str, max_tokens: int = MAX_TOKENS, **extra) -> str:
+    return complete(c, prompt, max_tokens, **extra)
 
 
 def _spread(client, workers) -> bool:
@@ -209,7 +126,7 @@ def test_openai_sdk_completions_and_streams_equal_trtforge_generate(fleet):
     with ThreadPoolExecutor(16) as pool:
         texts = list(pool.map(lambda i: _complete(client, PROMPTS[i % 4]), range(32)))
     assert texts == [fleet.expected[PROMPTS[i % 4]] for i in range(32)]
-    _wait(lambda: _idle(fleet), 10, "no KV block held after the requests")
+    wait(lambda: _idle(fleet), 10, "no KV block held after the requests")
 
 
 def test_a_cancelled_stream_frees_its_blocks_and_bad_requests_fail_alone(fleet):
@@ -219,9 +136,9 @@ def test_a_cancelled_stream_frees_its_blocks_and_bad_requests_fail_alone(fleet):
     for _, _chunk in zip(range(3), stream):
         pass
     # The request holds blocks (the load snapshot is published at most every 50 ms: wait for it).
-    _wait(lambda: any(w.cache_usage > 0 for w in fleet.workers), 5, "the running request's blocks show")
+    wait(lambda: any(w.cache_usage > 0 for w in fleet.workers), 5, "the running request's blocks show")
     stream.close()
-    _wait(lambda: _idle(fleet), 10, "the cancelled request's blocks are freed")
+    wait(lambda: _idle(fleet), 10, "the cancelled request's blocks are freed")
     import openai
 
     bad = [dict(max_tokens=10 ** 6), dict(extra_body={"ignore_eos": True, "min_tokens": -1}),
@@ -235,7 +152,7 @@ def test_a_cancelled_stream_frees_its_blocks_and_bad_requests_fail_alone(fleet):
                 f.result()
             assert 400 <= info.value.status_code < 600
         assert [f.result() for f in good] == [fleet.expected[p] for p in PROMPTS]
-    _wait(lambda: _idle(fleet), 10, "no block held after the bad requests")
+    wait(lambda: _idle(fleet), 10, "no block held after the bad requests")
 
 
 def _ttft(client, prompt: str) -> float:
@@ -278,20 +195,118 @@ def test_kv_aware_routing_follows_our_kv_events(fleet):
     served = [w.requests - c for w, c in zip(fleet.workers, counts)]
     print(f"round-robin: the same prompts per worker {served}")
     assert min(served) >= 6, served
-    _wait(lambda: _idle(fleet), 10, "no block held")
+    wait(lambda: _idle(fleet), 10, "no block held")
 
 
-# Dynamo's transport logs at ERROR when the peer of a stream has gone away: the cancelled stream
-# above closes its connection while the worker still writes to it ("writer task returned error ...
-# Broken pipe"). That line is the runtime reporting the cancellation, not a failure of ours.
-_TRANSPORT_CANCEL = re.compile(r"dynamo_runtime::pipeline::network::tcp::client.*(Broken pipe|Connection reset)")
-_ANSI = re.compile(r"\x1b\[[0-9;]*m")
+def _cached_tokens(c, prompt: str) -> int:
+    """The engine's count of prompt tokens it served from its prefix cache (usage)."""
+    answer = c.completions.create(model=MODEL, prompt=prompt, max_tokens=1, temperature=0)
+    details = answer.usage.prompt_tokens_details
+    return details.cached_tokens if details is not None else -1
+
+
+async def _until(probe, predicate, timeout_s: float, what: str):
+    deadline = time.monotonic() + timeout_s
+    while not predicate(value := await probe()):
+        if time.monotonic() > deadline:
+            raise AssertionError(f"not within {timeout_s} s: {what} (last: {value})")
+        await asyncio.sleep(0.2)
+    return value
+
+
+def test_evicted_blocks_leave_the_router(fleet):
+    """Our removed-block events: once the worker holding a prompt's blocks evicts them, a KV router
+    no longer credits it with them (and a repeat is computed again: no cached prompt tokens). The
+    router is Dynamo's own KvRouter in this process, fed only by the workers' KV events."""
+    from dynamo._core import KvRouter, KvRouterConfig
+
+    prefix = f"{os.urandom(4).hex()} " + " ".join(f"e{i}" for i in range(200))
+    ids = fleet.tokenizer.encode(prefix, add_special_tokens=False)
+    kv = _client(fleet.kv_url)
+    vocab = fleet.vocab_size
+    # Other prompts that overfill a worker's KV pool (every block of it is reused).
+    others = [[(17 * i + 7 * j) % (vocab - 10) + 5 for j in range(1000)]
+              for i in range(1, fleet.kv_tokens // 1000 + 4)]
+
+    async def scenario(runtime):
+        endpoint = runtime.endpoint("dynamo.trtforge.generate")
+        router = KvRouter(endpoint, 8, KvRouterConfig())
+        workers = await endpoint.client()
+        await workers.wait_for_instances()
+
+        async def overlap() -> dict[int, int]:
+            rows = (await router.get_overlap_scores(ids))["workers"]
+            return {r["worker_id"]: r["device_blocks"] for r in rows}
+
+        first = await asyncio.to_thread(_cached_tokens, kv, prefix)
+        learned = await _until(overlap, lambda o: max(o.values(), default=0) >= len(ids) // 8 - 1, 20,
+                               "the router learns the prompt's blocks from our stored events")
+        holder = max(learned, key=learned.get)
+        hit = await asyncio.to_thread(_cached_tokens, kv, prefix)  # routed to the holder: its cache
+        for other in others:  # straight to the holder's endpoint: every eviction is a removed event
+            await collect(workers.direct({"token_ids": other, "stop_conditions": {"max_tokens": 1},
+                                          "sampling_options": {"temperature": 0.0}}, holder))
+        forgotten = await _until(overlap, lambda o: o.get(holder, 0) == 0, 20,
+                                 "the evicted blocks leave the router")
+        miss = await asyncio.to_thread(_cached_tokens, kv, prefix)  # nobody holds it: computed again
+        return first, learned, hit, forgotten, miss
+
+    first, learned, hit, forgotten, miss = in_runtime(fleet.root, scenario)
+    print(f"\neviction: router overlap {learned} -> {forgotten}; cached prompt tokens of a repeat "
+          f"{hit} before, {miss} after (prompt {len(ids)} tokens)")
+    assert first == 0 and sorted(learned.values())[0] == 0, (first, learned)  # one worker holds it
+    assert hit >= len(ids) - 8, (hit, len(ids))
+    assert miss == 0 and not any(forgotten.values()), (miss, forgotten)
+    wait(lambda: _idle(fleet), 10, "no block held")
 
 
 def test_worker_logs_show_no_errors(fleet):
     for w in fleet.workers:
-        text = _ANSI.sub("", w.log.read_text())
-        assert "Traceback" not in text, text[-3000:]
-        errors = [line for line in text.splitlines() if re.search(r"\bERROR\b", line)
-                  and not _TRANSPORT_CANCEL.search(line)]
-        assert not errors, errors
+        assert not w.errors(), w.errors()
+
+
+def test_a_dead_worker_fails_only_its_requests(fleet):
+    """SIGKILL one worker while both stream: its streams end with an error, the other worker's
+    finish exactly, and the frontend then serves everything from the survivor. (Last: it kills a
+    worker of the module's fleet.)"""
+    import openai
+
+    kv = _client(fleet.kv_url)
+    victim, survivor = fleet.workers
+    results: dict[int, object] = {}
+
+    def stream(i: int) -> None:
+        try:
+            s = kv.completions.create(model=MODEL, prompt=f"{i} {PROMPTS[i % 4]}", max_tokens=400,
+                                      temperature=0, stream=True, extra_body={"ignore_eos": True})
+            reasons = [ch.choices[0].finish_reason for ch in s if ch.choices and ch.choices[0].finish_reason]
+            results[i] = reasons[-1] if reasons else "no finish_reason"
+        except openai.APIError as exc:
+            results[i] = exc
+
+    before = [w.requests for w in fleet.workers]
+    with ThreadPoolExecutor(8) as pool:
+        futures = [pool.submit(stream, i) for i in range(8)]
+        wait(lambda: all(w.requests > b for w, b in zip(fleet.workers, before)), 30,
+             "both workers stream")
+        wait(lambda: victim.cache_usage > 0 and survivor.cache_usage > 0, 10, "both hold KV")
+        victim.proc.send_signal(signal.SIGKILL)
+        victim.proc.wait()
+        for f in futures:
+            f.result()
+    outcome = [type(r).__name__ if isinstance(r, BaseException) else r for r in results.values()]
+    print(f"\ndead worker: the 8 streams ended {outcome}")
+    # The survivor's streams complete; the victim's fail (an error, never a silent "length").
+    assert 1 <= outcome.count("length") < 8, outcome
+    # Afterwards every request is served, exactly, by the survivor.
+    wait(lambda: _all_served(kv, fleet), 60, "the frontend drops the dead worker")
+    wait(lambda: survivor.cache_usage == 0, 10, "the survivor holds no block")
+
+
+def _all_served(kv, fleet: Fleet) -> bool:
+    import openai
+
+    try:
+        return all(_complete(kv, p) == fleet.expected[p] for p in PROMPTS)
+    except openai.APIError:
+        return False
