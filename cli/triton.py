@@ -8,7 +8,7 @@ from pathlib import Path
 
 import click
 
-from trtforge.config.fields import dataclass_options
+from trtforge.config.fields import dataclass_options, field_docs
 from trtforge.config.runtime import Phase, RuntimeConfig
 from trtforge.config.scheduler import SchedulerConfig
 from trtforge.model_repo.params import AdapterOptions
@@ -63,7 +63,7 @@ def _trtllm_options(fn):
                              f"that checkpoint. [default: {TrtllmOptions.repo}]")(fn)
 
 
-LLMAPI_REFUSED = ("device", "triton_max_batch_size", "exclude_input_in_output")
+LLMAPI_REFUSED = ("device", "triton_max_batch_size", "exclude_input_in_output", "kv_events_endpoint")
 """emit-repo options the llmapi repository has no place for (TensorRT-LLM places the model and
 batches as model.yaml says)."""
 
@@ -83,6 +83,8 @@ batches as model.yaml says)."""
                    "prompt out of non-streamed text_output (TensorRT-LLM includes it).")
 @click.option("--kv-cache-memory", default=None,
               help="Memory for the paged KV cache, e.g. 512MiB (default: engine.json's budget).")
+@click.option("--kv-events-endpoint", default=AdapterOptions.kv_events_endpoint,
+              help=field_docs(AdapterOptions)["kv_events_endpoint"])
 @click.option("--trtllm-models-dir", type=click.Path(exists=True, file_okay=False), default=None,
               help="--backend trtllm engines: TensorRT-LLM's all_models/inflight_batcher_llm to copy "
                    "the python models' model.py from (default: the NGC image's /app/all_models/"
@@ -107,7 +109,7 @@ batches as model.yaml says)."""
 @_phase_options
 def emit_repo_command(engine_dir: str, repo_dir: str, device: str,
                       triton_max_batch_size: int | None, exclude_input_in_output: bool,
-                      kv_cache_memory: str | None, trtllm_models_dir: str | None,
+                      kv_cache_memory: str | None, kv_events_endpoint: str, trtllm_models_dir: str | None,
                       disaggregated: bool, only: str | None, context_urls: tuple[str, ...],
                       generation_urls: tuple[str, ...], trtllm_repo: str | None,
                       trtllm_version: str | None, allow_trtllm_drift: bool | None,
@@ -148,7 +150,7 @@ def emit_repo_command(engine_dir: str, repo_dir: str, device: str,
         repo = emit_repo(engine_dir, repo_dir, device=device,
                          triton_max_batch_size=triton_max_batch_size,
                          exclude_input_in_output=exclude_input_in_output,
-                         kv_cache_memory=kv_cache_memory,
+                         kv_cache_memory=kv_cache_memory, kv_events_endpoint=kv_events_endpoint,
                          trtllm_models_dir=TrtllmOptions(trtllm_models_dir, trtllm_repo or TrtllmOptions.repo,
                                                          trtllm_version, allow_trtllm_drift),
                          disaggregated=layout, **scheduler)

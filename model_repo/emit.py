@@ -60,7 +60,7 @@ def _header(parameters: dict[str, str]) -> list[str]:
 def emit_repo(engine_dir: str | os.PathLike, repo_dir: str | os.PathLike, *,
               device: str = RuntimeConfig.device, triton_max_batch_size: int | None = None,
               exclude_input_in_output: bool = AdapterOptions.exclude_input_in_output,
-              drain_timeout_s: float = AdapterOptions.finalize_drain_timeout_s,
+              kv_events_endpoint: str = AdapterOptions.kv_events_endpoint,
               kv_cache_memory: str | None = None,
               trtllm_models_dir: str | os.PathLike | TrtllmOptions | None = None,
               disaggregated: bool | DisaggregatedOptions = False, **scheduler_overrides: Any) -> Path:
@@ -84,6 +84,9 @@ def emit_repo(engine_dir: str | os.PathLike, repo_dir: str | os.PathLike, *,
         return _emit_llmapi(engine_dir, repo_dir, trtllm, disaggregated, kv_cache_memory, scheduler_overrides)
     engine_dir = Path(engine_dir).resolve()
     engine = read_engine(engine_dir)
+    if kv_events_endpoint and engine.backend == "trtllm":
+        raise ValueError("--kv-events-endpoint: TensorRT-LLM's tensorrtllm backend publishes its own KV events "
+                         "(its executor's event API), not through trtforge's model")
     if engine.backend == "trtllm":  # served by Triton's tensorrtllm backend (model_repo/trtllm)
         return emit_trtllm_repo(engine_dir, repo_dir, engine, device=device,
                                 triton_max_batch_size=triton_max_batch_size,
@@ -99,7 +102,10 @@ def emit_repo(engine_dir: str | os.PathLike, repo_dir: str | os.PathLike, *,
     if triton_max_batch_size is None:  # the batch dimension clients send; one prompt each
         triton_max_batch_size = int(engine.build.get("max_batch_size", 64))
     adapter = AdapterOptions(engine_dir=str(engine_dir), exclude_input_in_output=exclude_input_in_output,
-                             finalize_drain_timeout_s=drain_timeout_s)
+                             kv_events_endpoint=kv_events_endpoint)
+    if disaggregated and kv_events_endpoint:
+        raise ValueError("--kv-events-endpoint is for a co-located repository (one engine model with one "
+                         "prefix cache); not with --disaggregated")
     if disaggregated:
         if scheduler_overrides or kv_cache_memory:
             raise ValueError("with --disaggregated, scheduling options and the KV memory are each "

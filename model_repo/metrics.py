@@ -3,7 +3,9 @@
 Triton 2.51's python backend has COUNTER, GAUGE and HISTOGRAM metric families
 (`pb_utils.MetricFamily`); a histogram metric takes its bucket bounds at creation. Names follow
 Prometheus conventions with a `trtforge_` prefix; every metric carries the model's name and
-version as labels, like Triton's own `nv_*` metrics.
+version as labels, like Triton's own `nv_*` metrics. The queue and KV-pool gauges are also
+exported under TensorRT-LLM's backend's names (`nv_trt_llm_*`), which Kubernetes routers such as
+llm-d's endpoint picker read from Triton pods.
 
 Only the engine loop thread calls `update`/`observe_finished`, so no lock is needed here.
 """
@@ -52,6 +54,22 @@ _FAMILIES = [
 ]
 
 
+# TensorRT-LLM's names for the same gauges (its tensorrtllm backend's), labelled the way it labels
+# them: what llm-d's endpoint picker reads from a "triton-tensorrt-llm" pool
+# (-totalQueuedRequestsMetric nv_trt_llm_request_metrics{request_type=waiting},
+#  -kvCacheUsagePercentageMetric nv_trt_llm_kv_cache_block_metrics{kv_cache_block_type=fraction}).
+_TRTLLM_FAMILIES = [
+    ("nv_trt_llm_request_metrics", "TRT LLM request metrics (trtforge: requests by state).", "request_type",
+     {"active": lambda s: s.num_running + s.num_waiting, "scheduled": lambda s: s.num_running,
+      "waiting": lambda s: s.num_waiting}),
+    ("nv_trt_llm_kv_cache_block_metrics", "TRT LLM KV cache block metrics (trtforge: the paged KV pool).",
+     "kv_cache_block_type",
+     {"max": lambda s: s.kv_blocks_total, "used": lambda s: s.kv_blocks_used,
+      "free": lambda s: s.kv_blocks_total - s.kv_blocks_used,
+      "fraction": lambda s: s.kv_blocks_used / max(s.kv_blocks_total, 1)}),
+]
+
+
 def time_to_first_token(metrics: Any) -> float | None:
     """Seconds from arrival to the first generated token, or None if there was none."""
     first = getattr(metrics, "first_token_time", None)
@@ -89,6 +107,11 @@ class EngineMetrics:
             family = pb_utils.MetricFamily(name=name, description=doc, kind=hist)
             self._families.append(family)
             self._metrics[attr] = family.Metric(labels=labels, buckets=buckets)
+        self._trtllm = []
+        for name, doc, label, values in _TRTLLM_FAMILIES:
+            family = pb_utils.MetricFamily(name=name, description=doc, kind=pb_utils.MetricFamily.GAUGE)
+            self._families.append(family)
+            self._trtllm += [(family.Metric(labels={**labels, label: key}), value) for key, value in values.items()]
         # Totals already added to each counter: the engine reports running totals, Prometheus
         # counters only grow by increments.
         self._sent = {attr: 0.0 for attr, _, _, kind in _FAMILIES if kind == "COUNTER"}
@@ -102,6 +125,8 @@ class EngineMetrics:
             elif value > self._sent[attr]:
                 self._metrics[attr].increment(value - self._sent[attr])
                 self._sent[attr] = value
+        for metric, value in self._trtllm:
+            metric.set(float(value(stats)))
 
     def observe_finished(self, request_metrics: Any, num_output_tokens: int, ttft: bool = True) -> None:
         """Record TTFT and TPOT of a request that just finished (ttft=False: a generation model,

@@ -46,6 +46,10 @@ class AdapterOptions:
     finalize_drain_timeout_s: float = 5.0
     """Seconds the model waits, when unloaded, for in-flight requests to finish before aborting
     them."""
+    kv_events_endpoint: str = ""
+    """Publish the prefix cache's KV events in vLLM's ZMQ format (serving/kv_events_zmq.py) on this
+    ZMQ endpoint, e.g. tcp://127.0.0.1:5557 (what llm-d's KV-cache-aware scheduler subscribes to);
+    empty: none."""
 
     @classmethod
     def from_parameters(cls, parameters: dict[str, str]) -> AdapterOptions:

@@ -102,6 +102,7 @@ class TritonPythonModel(DecoupledModel):
         describe = getattr(self.engine.executor, "describe", None)
         if describe is not None:
             pb_utils.Logger.log_info(f"trtforge engine {engine_dir}: {describe()}")
+        self._kv_events = self._kv_event_publisher(options.kv_events_endpoint)
         self.exclude_input_default = options.exclude_input_in_output
         self.drain_timeout_s = options.finalize_drain_timeout_s
         self.metrics = EngineMetrics(pb_utils, {"model": args["model_name"],
@@ -154,6 +155,8 @@ class TritonPythonModel(DecoupledModel):
         self._stop.set()
         self._thread.join(timeout=30)
         self.engine.close()
+        if self._kv_events is not None:
+            self._kv_events[1].close()
         self.stop_responses(timeout_s=30)  # after the engine thread's last responses
 
     # -- engine thread -------------------------------------------------------------------------
@@ -175,7 +178,19 @@ class TritonPythonModel(DecoupledModel):
                 self._dispatch(output)
         else:
             self.engine.poll()  # handoffs taken or expired while idle
+        if self._kv_events is not None:
+            self._kv_events[1].publish(self._kv_events[0].drain())
         self.metrics.update(self.engine.stats())
+
+    def _kv_event_publisher(self, endpoint: str) -> Any:
+        """(the KV manager's event log, the ZMQ publisher) when kv_events_endpoint is set."""
+        if not endpoint:
+            return None
+        from trtforge.serving.kv_events_zmq import ZmqKVEventPublisher
+
+        publisher = ZmqKVEventPublisher(endpoint, self.engine.scheduler_config.block_size)
+        pb_utils.Logger.log_info(f"trtforge KV events (vLLM's ZMQ format) on {publisher.endpoint}")
+        return self.engine.scheduler.kv_manager.enable_events(), publisher
 
     def _admit(self, block: bool) -> None:
         try:

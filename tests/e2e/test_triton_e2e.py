@@ -252,6 +252,47 @@ def test_full_queue_refuses_a_burst_at_once_and_admitted_requests_finish(served,
     assert wait_for(lambda: metrics(served, model)["trtforge_kv_blocks_used"] == 0)
 
 
+def test_kv_events_reach_a_zmq_subscriber_in_vllms_format(served, engine_dir, tmp_path):
+    """`emit-repo --kv-events-endpoint`: the served model publishes its prefix cache's events as a
+    vLLM pod does; a ZMQ subscriber (as llm-d's scheduler) sees the blocks a request computed."""
+    import msgspec
+    import zmq
+
+    from tests.serving.test_kv_events_zmq import BlockStored, KVEventBatch
+    from trtforge.bench.dynamo_fleet import free_port
+
+    endpoint = f"tcp://127.0.0.1:{free_port()}"
+    run_cli("trtforge", "emit-repo", str(engine_dir), str(tmp_path / "events-repo"), "--kv-events-endpoint",
+            endpoint)
+    config = read_config(tmp_path / "events-repo" / MODEL / "config.pbtxt")
+    assert config.parameters["kv_events_endpoint"].string_value == endpoint
+    config.name = "events"
+    target = Path(served.server.repo) / "events"
+    shutil.copytree(tmp_path / "events-repo" / MODEL, target)
+    (target / "config.pbtxt").write_text(text_format.MessageToString(config))
+    urllib.request.urlopen(urllib.request.Request(
+        f"http://{served.server.http_url}/v2/repository/models/events/load", data=b"{}", method="POST"),
+        timeout=300).read()
+    sub = zmq.Context.instance().socket(zmq.SUB)
+    sub.setsockopt(zmq.SUBSCRIBE, b"")
+    sub.connect(endpoint)
+    try:
+        time.sleep(0.5)  # a SUB socket sees only what is sent after it joined
+        prompt = "the quick brown fox jumps over the lazy dog " * 3
+        client.generate_http(served.server.http_url, prompt, 2, model="events")
+        ids = served.tokenizer.encode(prompt)
+        stored = []
+        while sub.poll(2000):
+            _, _, payload = sub.recv_multipart()
+            stored += [e for e in msgspec.msgpack.decode(payload, type=KVEventBatch).events
+                       if isinstance(e, BlockStored)]
+        size = stored[0].block_size if stored else 0
+        tokens = [t for e in stored for t in e.token_ids]
+        assert stored and tokens[:len(ids) // size * size] == ids[:len(ids) // size * size], (stored, ids)
+    finally:
+        sub.close(linger=0)
+
+
 def test_request_past_its_deadline_is_aborted_and_frees_its_blocks(served):
     url, n = served.server.grpc_url, served.max_seq_len - 16
     started = time.monotonic()  # how long this server takes for the whole request, no deadline
@@ -282,6 +323,14 @@ def test_metrics_then_clean_stop(served):
     finished = m["trtforge_time_to_first_token_seconds_count"]
     assert finished >= 32 and m["trtforge_time_per_output_token_seconds_count"] > 0
     assert m["trtforge_time_to_first_token_seconds_bucket@+Inf"] == finished
+    # The same gauges under TensorRT-LLM's names, as llm-d's endpoint picker scrapes them.
+    text = urllib.request.urlopen(served.server.metrics_url, timeout=10).read().decode()
+    trtllm = {line.split("{")[0] + re.search(r'(request_type|kv_cache_block_type)="([^"]+)"', line).group(2):
+              float(line.rsplit(" ", 1)[1]) for line in text.splitlines()
+              if line.startswith("nv_trt_llm_") and f'model="{MODEL}"' in line}
+    assert trtllm["nv_trt_llm_request_metricswaiting"] == m["trtforge_requests_waiting"] == 0
+    assert trtllm["nv_trt_llm_kv_cache_block_metricsmax"] == m["trtforge_kv_blocks_total"]
+    assert trtllm["nv_trt_llm_kv_cache_block_metricsfraction"] == 0.0
     pid = served.server.process.pid
     stubs = _children(pid)
     assert stubs, "the python backend stub should run as a child of tritonserver"
