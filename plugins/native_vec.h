@@ -44,6 +44,43 @@ static inline v8f v8_exp(v8f x) {
     return y * (v8f)n;
 }
 
+/* 16-lane twins of the above for the AVX-512 kernels (one zmm register under AVX-512F; GCC splits
+ * them into two ymm / four xmm registers elsewhere, so they also compile, slower, on the other
+ * paths). Same IEEE operations, lane for lane. */
+typedef float v16f __attribute__((vector_size(64)));
+typedef int32_t v16i __attribute__((vector_size(64)));
+
+static inline v16f v16_load(const float *p) { v16f v; memcpy(&v, p, sizeof v); return v; }
+static inline void v16_store(float *p, v16f v) { memcpy(p, &v, sizeof v); }
+static inline v16f v16_splat(float x) { return (v16f){0} + x; }
+static inline v16f v16_select(v16i mask, v16f a, v16f b) { return (v16f)(((v16i)a & mask) | ((v16i)b & ~mask)); }
+
+static inline float v16_sum(v16f v) {
+    v8f lo, hi;
+    memcpy(&lo, &v, sizeof lo);
+    memcpy(&hi, (const char *)&v + sizeof lo, sizeof hi);
+    return v8_sum(lo + hi);
+}
+
+/* v8_exp's algorithm on 16 lanes (the same constants and steps, so the same results lane for lane). */
+static inline v16f v16_exp(v16f x) {
+    x = v16_select(x > v16_splat(88.3762626647949f), v16_splat(88.3762626647949f), x);
+    x = v16_select(x < v16_splat(-87.3365478515625f), v16_splat(-87.3365478515625f), x);
+    v16f fx = x * 1.44269504088896341f + 0.5f;
+    v16f tr = __builtin_convertvector(__builtin_convertvector(fx, v16i), v16f); /* toward zero */
+    fx = v16_select(tr > fx, tr - 1.0f, tr);                                     /* floor */
+    x = x - fx * 0.693359375f - fx * -2.12194440e-4f;
+    v16f y = v16_splat(1.9875691500e-4f);
+    y = y * x + 1.3981999507e-3f;
+    y = y * x + 8.3334519073e-3f;
+    y = y * x + 4.1665795894e-2f;
+    y = y * x + 1.6666665459e-1f;
+    y = y * x + 5.0000001201e-1f;
+    y = y * (x * x) + x + 1.0f;
+    v16i n = (__builtin_convertvector(fx, v16i) + 127) << 23;
+    return y * (v16f)n;
+}
+
 /* The inner step of a GEMV register tile of 3 rows x 4 weight rows: accumulators a00..a23 (row r,
  * weight row c) += x_r[i..i+8) * b_c. A macro, not a function, so the twelve accumulators stay in
  * registers whatever the compiler decides about inlining; shared by the float32 and quantized GEMVs,

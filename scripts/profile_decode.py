@@ -2,12 +2,16 @@
 layers measured on their own, attention + norms + RoPE the rest), sampler, token bookkeeping.
 
     .venv/bin/python scripts/profile_decode.py ENGINE_DIR [--batch 16 --batch 64] [--context 256]
+        [--attention-source OLD_cpu_decode.c] [--fused-source OLD_fused.c]
 
 For each batch size: that many requests with `--context`-token prompts are prefilled, then
 `--steps` pure decode steps are timed part by part (the engine's own methods, wrapped on this
 instance); after them the step's linears run alone on `batch` rows (the same modules, the same
 order) so the network's time splits into linears and the rest. Medians over the steps; the
 machine's CPU model, ISA and load are printed with them. Not a test: a measurement to read.
+`--attention-source` / `--fused-source` run the decode attention kernel / the fused norm, RoPE and
+SiLU kernels built from another version of cpu_decode.c / fused.c (same flags), to compare two
+versions on one engine in one session.
 """
 
 from __future__ import annotations
@@ -17,13 +21,16 @@ import os
 import statistics
 import time
 from collections import defaultdict
+from pathlib import Path
 
 import torch
 
 from trtforge.bench.offline import _linear_calls
 from trtforge.config.runtime import RuntimeConfig
 from trtforge.config.sampling import SamplingParams
-from trtforge.plugins import kernels
+from trtforge.plugins import kernels, native
+from trtforge.plugins.cpu import fused as cpu_fused
+from trtforge.plugins.paged_attention import cpu_native
 from trtforge.serving import engine as engine_module
 from trtforge.serving.engine import LLMEngine
 
@@ -127,8 +134,17 @@ def main() -> None:
     ap.add_argument("--context", type=int, default=256)
     ap.add_argument("--steps", type=int, default=12)
     ap.add_argument("--threads", type=int, default=2)
+    ap.add_argument("--attention-source", help="build the decode attention kernel from this C file instead")
+    ap.add_argument("--fused-source", help="build the fused norm/RoPE/SiLU kernels from this C file instead")
     args = ap.parse_args()
     torch.set_num_threads(args.threads)
+    for source, module in ((args.attention_source, cpu_native), (args.fused_source, cpu_fused)):
+        if source:  # before the engine's decode plan takes the library
+            lib = native.NativeLibrary(Path(source), module._SIGNATURES, module.LIBRARY.extra_flags).get()
+            if lib is None:
+                raise SystemExit(f"{source} does not build (see the log)")
+            module.LIBRARY.lib = lib
+            print(f"{module.LIBRARY.source.name} built from {source}")
     engine = LLMEngine.from_engine_dir(args.engine_dir, RuntimeConfig(kv_cache_memory="1GiB"))
     cpu = next((ln.split(":", 1)[1].strip() for ln in open("/proc/cpuinfo") if ln.startswith("model name")), "?")
     print(f"CPU: {cpu}; ISA: {kernels.detect_isa()}; threads: {args.threads}; load: {os.getloadavg()[0]:.2f}")

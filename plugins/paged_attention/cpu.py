@@ -3,8 +3,9 @@
 Algorithm, per call (one layer of one step):
 
 0. A pure-decode float32 step with at most `cpu_native.MAX_CONTEXT_TOKENS` tokens of context goes
-   to the C kernel instead (cpu_decode.c: KV write + attention in one single-threaded call; at
-   batch 1 that replaces ~20 ATen ops per layer). Everything below is the torch path for the rest.
+   to the C kernel instead (cpu_decode.c: KV write + attention in one call, its (sequence, KV
+   head) pairs over the OpenMP threads; at batch 1 that replaces ~20 ATen ops per layer).
+   Everything below is the torch path for the rest.
 1. Write the new k/v into the pool (one `index_copy_` per pool).
 2. Decode tokens (sequences with exactly one new token) are done together in ONE fused SDPA
    call: their blocks are gathered with one `index_select` into a [B, Lpad, Hkv, D] batch

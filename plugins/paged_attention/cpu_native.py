@@ -9,7 +9,10 @@ batches it saves the gathers. Measured on the 2-core AMD EPYC (Zen 3), Qwen2.5-0
 kernel vs the gather + SDPA path (both 2 threads), ms: 8 seqs x 512 ctx 0.58 vs 0.76; 32 x 512
 2.32 vs 3.74; 56 x 600 4.91 vs 7.53; 64 x 1024 15.8 vs 18.1; 4 x 4096 3.04 vs 3.28; 1 x 8192 2.16
 vs 2.15. (When it ran single-threaded, SDPA won past ~4096 tokens of context in the batch: hence
-`MAX_CONTEXT_TOKENS`, now only a bound on the score buffers.)
+`MAX_CONTEXT_TOKENS`, now only a bound on the score buffers.) Its second version (16 positions per
+step, 16-wide AVX-512 vectors, longest pairs first: cpu_decode.c) halved that kernel's time on the
+2-vCPU Xeon of docs/benchmarks.md: 64 x 256, every layer's pool read from memory, 1.57 vs 3.04 ms
+a layer (`scripts/bench_attention_cpu.py --compare-source`).
 """
 
 from __future__ import annotations
@@ -29,7 +32,8 @@ _SIGNATURES = {"trtforge_decode_attention": (ctypes.c_int, [_P, _I, _P, _I, _P, 
                                                             _P, _P, _I, _I, _I, _I, _F, _F, _I]),
                "trtforge_decode_attention_int8": (ctypes.c_int, [_P, _I, _P, _I, _P, _I, _P, _P, _I, _I, _P, _P,
                                                                  _I, _P, _P, _I, _I, _I, _I, _F, _F, _I])}
-LIBRARY = native.NativeLibrary(Path(__file__).with_name("cpu_decode.c"), _SIGNATURES, extra_flags=("-fopenmp",))
+LIBRARY = native.NativeLibrary(Path(__file__).with_name("cpu_decode.c"), _SIGNATURES,
+                               extra_flags=("-fopenmp", "-ffp-contract=fast"))
 library = LIBRARY.get  # the compiled kernel, or None where it cannot be built (torch path)
 
 
@@ -61,7 +65,7 @@ def decode(q, k, v, kv_cache, slot_mapping, block_tables, seq_lens, scale: float
     num_seqs, num_heads, head_dim = q.shape
     _, num_blocks, block_size, num_kv_heads, _ = kv_cache.shape
     out = torch.empty_like(q)
-    lib = LIBRARY.lib
+    lib = LIBRARY.get()  # loaded by applies() in the op; a direct caller may come first
     pool = ((lib.trtforge_decode_attention, kv_cache.data_ptr()) if kv_scales is None else  # type: ignore[union-attr]
             (lib.trtforge_decode_attention_int8, kv_cache.data_ptr(), kv_scales.data_ptr()))  # type: ignore[union-attr]
     status = pool[0](  # (applies() loaded the library)

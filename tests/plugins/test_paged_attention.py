@@ -289,13 +289,16 @@ def test_torch_decode_path_matches_reference(scenario, block_size, torch_decode)
     torch.testing.assert_close(cpu.paged_attention(*case.op_args()), expected, **FP32_TOL)
 
 
-@pytest.mark.parametrize("head_dim", [8, 64])
+# 8, 24, 40, 136: the AVX-512 build's last vector is a half one; 64, 80, 136: one or two tiles of four
+# vectors and a remainder of 0-3 (every specialisation of the value tiles).
+@pytest.mark.parametrize("head_dim", [8, 24, 40, 64, 80, 136])
 @pytest.mark.parametrize("group", [1, 2, 7])
 @pytest.mark.parametrize("block_size", [1, 16, 32])
 @pytest.mark.usefixtures("each_isa")
 def test_native_decode_matches_reference(block_size, group, head_dim):
     """The C decode kernel: outputs vs the reference, and the pool written bit for bit alike.
-    Context lengths cross blocks and leave remainders of 1-3 after the kernel's groups of four."""
+    Context lengths cross blocks, end mid-way through the kernel's groups of 8 or 16 positions and
+    come in no order (the kernel takes the longest first and must put each output back)."""
     seqs = [(15, 1), (16, 1), (31, 1), (47, 1), (0, 1), (2, 1), (66, 1)]
     case = make_case(seqs, block_size=block_size, num_heads=2 * group, num_kv_heads=2,
                      head_dim=head_dim, seed=group)
@@ -305,6 +308,29 @@ def test_native_decode_matches_reference(block_size, group, head_dim):
     assert cpu_native.applies(*args[:7], case.meta.seq_lens.tolist())
     torch.testing.assert_close(cpu_native.decode(*args[:7], case.scale), expected, **FP32_TOL)
     assert torch.equal(case.kv_cache, ref_case.kv_cache)
+
+
+@pytest.mark.usefixtures("each_isa")
+def test_native_decode_long_and_short_contexts():
+    """One long context among short ones, more pairs than threads: every output where it belongs."""
+    seqs = [(3, 1)] * 5 + [(700, 1)] + [(40, 1)] * 4 + [(1, 1)]
+    case = make_case(seqs, block_size=16, num_heads=14, num_kv_heads=2, head_dim=64, seed=11)
+    expected = reference.paged_attention(*case.clone().op_args())
+    torch.testing.assert_close(cpu_native.decode(*case.op_args()[:7], case.scale), expected, **FP32_TOL)
+
+
+@pytest.mark.usefixtures("each_isa")
+def test_native_decode_propagates_nan_to_its_head_only():
+    """IEEE semantics: a NaN in one query head makes that head's output NaN (as the reference's)
+    and leaves every other head of the batch as the reference computes it."""
+    case = make_case([(30, 1), (17, 1)], block_size=16, num_heads=6, num_kv_heads=2, head_dim=64, seed=4)
+    case.q[1, 4, 5] = float("nan")
+    expected = reference.paged_attention(*case.clone().op_args())
+    got = cpu_native.decode(*case.op_args()[:7], case.scale)
+    assert got[1, 4].isnan().all() and expected[1, 4].isnan().all()
+    keep = torch.ones(got.shape[:2], dtype=torch.bool)
+    keep[1, 4] = False
+    torch.testing.assert_close(got[keep], expected[keep], **FP32_TOL)
 
 
 def test_native_decode_rejects_out_of_range_blocks_without_writing():

@@ -109,7 +109,7 @@ def test_torch_path_matches_reference(scenario, block_size, impl, torch_decode):
     assert torch.equal(case.kv_cache, ref.kv_cache) and torch.equal(case.kv_scales, ref.kv_scales)
 
 
-@pytest.mark.parametrize("head_dim", [8, 64])
+@pytest.mark.parametrize("head_dim", [8, 24, 64, 136])  # 8, 24, 136: the AVX-512 build's half vectors
 @pytest.mark.parametrize("group", [1, 2, 7])
 @pytest.mark.parametrize("block_size", [1, 16, 32])
 @pytest.mark.usefixtures("each_isa")

@@ -74,6 +74,29 @@ def test_rope_rotates_only_the_given_heads(head_dim):
     assert torch.equal(qkv[:, hq + hkv:], v_before)
 
 
+@pytest.mark.usefixtures("each_isa")
+def test_big_batches_split_over_threads_and_row_tails():
+    """64 rows (a 64-sequence decode step: the kernels split the rows over the threads) and rows of
+    an odd number of 8 floats (the AVX-512 build's last 8-float step), against the references."""
+    g = torch.Generator().manual_seed(7)
+    for rows, dim in ((64, 896), (64, 1000), (40, 24)):
+        x, residual, w = (torch.randn(rows, dim, generator=g), torch.randn(rows, dim, generator=g),
+                          torch.randn(dim, generator=g))
+        expected_sum = x + residual
+        out, new_residual = cpu_fused.rms_norm(x, w, 1e-6, residual)
+        assert torch.equal(new_residual, expected_sum)
+        torch.testing.assert_close(out, F.rms_norm(expected_sum, (dim,), w, 1e-6), **EXACTISH)
+        gate_up = torch.randn(rows, 2 * dim, generator=g) * 4
+        gate, up = gate_up.chunk(2, dim=-1)
+        torch.testing.assert_close(cpu_fused.silu_mul(gate_up), F.silu(gate) * up, atol=1e-6, rtol=1e-6)
+    qkv = torch.randn(64, 18, 80, generator=g)  # half = 40: a 16-float step (AVX-512) or 8s, then 8
+    angles = torch.randn(64, 1, 40, generator=g)
+    cos, sin = torch.cat((angles, angles), -1).cos(), torch.cat((angles, angles), -1).sin()
+    expected = apply_rotary(qkv[:, :16], cos, sin)
+    assert cpu_fused.rope_heads_(qkv, cos, sin, 16)
+    torch.testing.assert_close(qkv[:, :16], expected, **EXACTISH)
+
+
 def test_kernels_stand_aside_outside_plain_float32_inference():
     x = torch.randn(2, 64)
     assert cpu_fused.native_ok(x)
