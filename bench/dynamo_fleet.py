@@ -21,10 +21,12 @@ BIN = Path(sys.executable).parent
 """Where this environment's `trtforge` lives."""
 PLANES = ["--discovery-backend", "file", "--request-plane", "tcp", "--event-plane", "zmq"]
 LOOPBACK = ("DYN_TCP_RPC_HOST", "DYN_TCP_RESPONSE_STREAM_HOST", "DYN_EVENT_PLANE_HOST", "DYN_SYSTEM_HOST")
-# Dynamo's transport logs at ERROR when the peer of a stream has gone away: a cancelled stream
-# closes its connection while the worker still writes to it ("writer task returned error ...
-# Broken pipe"). That line is the runtime reporting the cancellation, not a failure of ours.
-_TRANSPORT_CANCEL = re.compile(r"dynamo_runtime::pipeline::network::tcp::client.*(Broken pipe|Connection reset)")
+# Dynamo's transport logs at ERROR when the peer of a stream has gone away: a cancelled stream (or
+# a client runtime that shut down) closes its connection while the worker still writes to it
+# ("writer task returned error ... Broken pipe", "push_handler: Failed to ... response"). Those
+# lines are the runtime reporting that the reader left, not a failure of ours.
+_TRANSPORT_CANCEL = re.compile(r"dynamo_runtime::pipeline::network::(tcp::client.*(Broken pipe|Connection reset)"
+                               r"|ingress::push_handler: Failed to)")
 _ANSI = re.compile(r"\x1b\[[0-9;]*m")
 
 

@@ -1,7 +1,8 @@
 """Disaggregated prefill/decode through NVIDIA Dynamo on loopback: Dynamo's frontend routes each
 request to a `trtforge dynamo-worker --disaggregation-mode prefill` worker, then hands its
 `disaggregated_params` (our signed KV handle) to a `--disaggregation-mode decode` worker, which
-imports the prompt's KV through our shared-memory connector and streams the answer.
+imports the prompt's KV through our connector (shared memory, and TCP with the handoff key as
+between hosts) and streams the answer.
 
 Oracles: the co-located engine's greedy text (what `trtforge generate` prints); each worker's
 Dynamo request counter (both phases served every request); and an attacker with a Dynamo runtime
@@ -13,6 +14,7 @@ conftest.EXPECTED_TESTS.
 from __future__ import annotations
 
 import json
+import os
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
@@ -49,15 +51,24 @@ class DisaggFleet:
     tokenizer: object
 
 
-@pytest.fixture(scope="module")
-def disagg(engine_dir, tmp_path_factory):
-    root = tmp_path_factory.mktemp("dynamo-disagg")
+@pytest.fixture(scope="module", params=["shm", "tcp"])
+def disagg(request, engine_dir, tmp_path_factory):
+    """shm: the handoff through shared memory (one host); tcp: through the TCP connector with the
+    shared handoff key, as between hosts (on loopback here)."""
+    root = tmp_path_factory.mktemp(f"dynamo-disagg-{request.param}")
     (root / "discovery").mkdir()
+    connector: tuple[tuple[str, ...], tuple[str, ...]] = ((), ())
+    if request.param == "tcp":
+        key = root / "kv.key"
+        key.write_text(os.urandom(32).hex())
+        key.chmod(0o600)
+        connector = (("--kv-connector", "tcp://127.0.0.1:0", "--kv-auth-key-file", str(key)),
+                     ("--kv-auth-key-file", str(key), "--kv-peers", "127.0.0.1"))
     procs: list[Proc] = []
     try:
         prefill = start_worker(root, engine_dir, "prefill", "--disaggregation-mode", "prefill",
-                               "--component", "prefill")
-        decode = start_worker(root, engine_dir, "decode", "--disaggregation-mode", "decode")
+                               "--component", "prefill", *connector[0])
+        decode = start_worker(root, engine_dir, "decode", "--disaggregation-mode", "decode", *connector[1])
         frontend, url = start_frontend(root, "kv")
         procs += [prefill, decode, frontend]
         wait_ready(procs, [url], [prefill, decode])
