@@ -11,6 +11,7 @@ import click
 from trtforge.config.fields import dataclass_options, field_docs
 from trtforge.config.runtime import Phase, RuntimeConfig
 from trtforge.config.scheduler import SchedulerConfig
+from trtforge.frontend.tool_parsers import TOOL_CALL_PARSERS
 from trtforge.model_repo.params import AdapterOptions
 from trtforge.model_repo.phases import CPU_THREADS, CPUS, PHASE_DOCS, ROUTER, scheduler_fields
 from trtforge.models.errors import EngineLoadError
@@ -201,7 +202,7 @@ def _raise_shutdown(signum: int, _frame: object) -> None:
 
 
 OPENAI_ONLY_OPTIONS = ("openai_host", "served_model_name", "served_engine_dir", "api_key", "api_keys_file",
-                       "api_key_cache_salt", "max_request_bytes", "max_prompt_chars")
+                       "api_key_cache_salt", "max_request_bytes", "max_prompt_chars", "tool_call_parser")
 """`serve` options that mean something only with --openai-port."""
 
 
@@ -270,12 +271,16 @@ def _read_keys(path: str | None) -> tuple[str, ...]:
               help="Most characters of prompt text per OpenAI request (the prompt, or the messages' "
                    "texts and names, plus stop strings), checked before tokenizing (400 beyond it). "
                    "Default: 16 per token of the engine's max_seq_len.")
+@click.option("--tool-call-parser", type=click.Choice(sorted(TOOL_CALL_PARSERS)), default=None,
+              help="How the OpenAI-compatible API reads tool calls from the model's output: hermes "
+                   "(<tool_call> JSON: Hermes, Qwen), llama3_json (Llama 3.x JSON), mistral ([TOOL_CALLS]). "
+                   "Default: the chat template's own format, else hermes.")
 def serve_command(repo: str, http_port: int, grpc_port: int, metrics_port: int,
                   tritonserver: str | None, ready_timeout: float, log_file: str | None,
                   openai_port: int | None, openai_host: str,
                   served_model_name: str | None, served_engine_dir: str | None, api_key: str | None,
                   api_keys_file: str | None, api_key_cache_salt: bool, max_request_bytes: int | None,
-                  max_prompt_chars: int | None) -> None:
+                  max_prompt_chars: int | None, tool_call_parser: str | None) -> None:
     """Run Triton Inference Server on REPO in the foreground; Ctrl-C / SIGTERM stops it.
 
     With --openai-port, an OpenAI-compatible API runs beside it, forwarding to Triton."""
@@ -293,7 +298,8 @@ def serve_command(repo: str, http_port: int, grpc_port: int, metrics_port: int,
     server = TritonServer(Path(repo), http_port=http_port, grpc_port=grpc_port,
                           metrics_port=metrics_port, tritonserver=tritonserver,
                           log_file=Path(log_file) if log_file else None)
-    frontend = OpenAIFrontend(repo, openai_host, openai_port, served_model_name, limits, served_engine_dir)
+    frontend = OpenAIFrontend(repo, openai_host, openai_port, served_model_name, limits, served_engine_dir,
+                              tool_call_parser)
     previous = {s: signal.signal(s, _raise_shutdown) for s in (signal.SIGINT, signal.SIGTERM)}
     try:
         frontend.prepare()  # a repository it cannot serve fails before Triton starts

@@ -1,9 +1,11 @@
-"""POST /v1/completions and POST /v1/chat/completions (and vLLM's POST /tokenize, /detokenize).
+"""POST /v1/completions (and vLLM's POST /tokenize, /detokenize), and what POST
+/v1/chat/completions (chat.py) shares with it.
 
-Both build a prompt, send it to the ensemble, and answer either at once (with `usage`) or as
-server-sent events ending in `data: [DONE]`. A streamed request waits for the model's first
-response before answering, so a request the model refuses (e.g. a prompt longer than the
-engine's max_seq_len) still gets its 400 status rather than a 200 stream holding an error.
+Both build a prompt, send it to the ensemble as `n` requests (samples.py), and answer either at
+once (with `usage`) or as server-sent events ending in `data: [DONE]`, each chunk naming its
+choice's `index`. A streamed request waits for the model's first response of every choice before
+answering, so a request the model refuses (e.g. a prompt longer than the engine's max_seq_len)
+still gets its 400 status rather than a 200 stream holding an error.
 
 The prompt's size is checked before anything tokenizes it (400 beyond `max_prompt_chars`), and
 the chat template and token counts run on a small thread pool (`app.state.tokenizer_pool`), not
@@ -18,34 +20,19 @@ import functools
 import time
 import uuid
 from dataclasses import dataclass
-from typing import Any, AsyncIterator, Callable, TypeVar
+from typing import Any, AsyncIterator, Callable, Sequence, TypeVar
 
 from fastapi import Request, Response
 
 from trtforge.frontend.errors import INTERNAL_ERROR, REQUEST_ID, APIError, bad_request, log, model_not_found
-from trtforge.frontend.generation import Tally, chat_logprobs, completion_logprobs, ensemble_inputs
+from trtforge.frontend.generation import Tally, completion_logprobs, ensemble_inputs
 from trtforge.frontend.guard import TENANT_SALT, Limits, request_cache_salt
-from trtforge.frontend.responses import (
-    ChatChoice,
-    ChatChunkChoice,
-    ChatCompletion,
-    ChatCompletionChunk,
-    ChatDelta,
-    ChatResponseMessage,
-    Completion,
-    CompletionChoice,
-    DetokenizeResponse,
-    TokenizeResponse,
-)
-from trtforge.frontend.schemas import (
-    ChatCompletionRequest,
-    CompletionRequest,
-    DetokenizeRequest,
-    SamplingFields,
-    TokenizeRequest,
-)
+from trtforge.frontend.responses import Completion, CompletionChoice, DetokenizeResponse, TokenizeResponse
+from trtforge.frontend.samples import Sample, Samples, choice_seed
+from trtforge.frontend.schemas import CompletionRequest, SamplingFields
 from trtforge.frontend.served_model import ServedModel
 from trtforge.frontend.streaming import DONE, ClientGone, SSEResponse, sse, sse_error, unless_disconnected
+from trtforge.frontend.tokenize_schemas import DetokenizeRequest, TokenizeRequest
 from trtforge.frontend.triton_bridge import Piece, TritonBridge
 
 COMPLETIONS_DEFAULT_MAX_TOKENS = 16  # OpenAI's default for the legacy completions API
@@ -54,49 +41,34 @@ T = TypeVar("T")
 
 
 @dataclass
-class Call:
-    """One API request on its way through: ids, the tally, and the Triton stream."""
+class Answer:
+    """One API request on its way through: its id and its choices' engine requests."""
 
     id: str
     created: int
     model: str
-    tally: Tally
-    pieces: AsyncIterator[Piece]
-    first: Piece | None = None
-
-    async def collect(self) -> None:
-        async for piece in self.pieces:
-            self.tally.add(piece)
-
-    async def start(self) -> None:
-        self.first = await self.pieces.__anext__()
-
-    async def rest(self) -> AsyncIterator[Piece]:
-        if self.first is not None:
-            yield self.first
-        async for piece in self.pieces:
-            yield piece
+    samples: Samples
 
 
-async def _call(request: Request, body: SamplingFields, prompt: str, max_tokens: int,
-                prefix: str) -> Call:
+def start_answer(request: Request, body: SamplingFields, prompt: str, max_tokens: int, prefix: str) -> Answer:
+    """The request's `n` engine requests, ready to start (samples.Samples)."""
     served: ServedModel = request.app.state.served
     bridge: TritonBridge = request.app.state.bridge
     salt = request_cache_salt(request.scope.get(TENANT_SALT), body.cache_salt)
-    return Call(id=f"{prefix}-{uuid.uuid4().hex}", created=int(time.time()), model=served.name,
-                tally=Tally(served, prompt, max_tokens),
-                pieces=bridge.generate(ensemble_inputs(body, prompt, max_tokens, salt)))
+    samples = Samples(body.num_choices(), lambda: Tally(served, prompt, max_tokens), bridge.generate,
+                      lambda i: ensemble_inputs(body, prompt, max_tokens, salt, seed=choice_seed(body.seed, i)))
+    return Answer(id=f"{prefix}-{uuid.uuid4().hex}", created=int(time.time()), model=served.name, samples=samples)
 
 
-def _check_model(request: Request, model: str) -> ServedModel:
+def check_model(request: Request, model: str) -> ServedModel:
     served: ServedModel = request.app.state.served
     if model != served.name:
         raise model_not_found(model, served.name)
     return served
 
 
-def _check_prompt_size(request: Request, texts: list[str], body: SamplingFields | TokenizeRequest,
-                       param: str) -> None:
+def check_prompt_size(request: Request, texts: list[str], body: SamplingFields | TokenizeRequest,
+                      param: str) -> None:
     """400 when the prompt text (with the stop strings) is over the cap: before tokenizing."""
     limits: Limits = request.app.state.limits
     stops = body.stop_list() if isinstance(body, SamplingFields) else []
@@ -108,33 +80,40 @@ def _check_prompt_size(request: Request, texts: list[str], body: SamplingFields 
             code="prompt_too_long")
 
 
-async def _offload(request: Request, fn: Callable[..., T], *args: Any) -> T:
+async def offload(request: Request, fn: Callable[..., T], *args: Any) -> T:
     """fn(*args) on the tokenizer pool: the event loop keeps serving the other requests."""
     loop = asyncio.get_running_loop()
     job = functools.partial(contextvars.copy_context().run, fn, *args)  # the request id, too
     return await loop.run_in_executor(request.app.state.tokenizer_pool, job)
 
 
-async def _stream(request: Request, call: Call, body: SamplingFields,
-                  chunks: Callable[[Piece, list[str]], str | None],
-                  head: str | None, tail: Callable[[Tally], str],
-                  usage_chunk: Callable[[], str]) -> Response:
-    """An SSE answer: head, one chunk per response with something in it, the finish chunk,
-    the usage chunk when asked, [DONE]. Errors before the first response get their status."""
+async def stream_answer(request: Request, answer: Answer, body: SamplingFields,
+                        chunks: Callable[[Sample, Piece, list[str]], Sequence[str]],
+                        heads: Sequence[str], tails: Callable[[Sample], Sequence[str]],
+                        usage_chunk: Callable[[], str]) -> Response:
+    """An SSE answer: the heads, the chunks of each response (its choice's tally updated first),
+    each choice's tails after its last response, the usage chunk when asked, [DONE]. Errors
+    before the first responses get their status."""
+    samples = answer.samples
     try:
-        await unless_disconnected(request, call.start())
+        await unless_disconnected(request, samples.start())
     except ClientGone:
+        await samples.aclose()
         return Response(status_code=499)
+    except BaseException:
+        await samples.aclose()
+        raise
 
     async def events() -> AsyncIterator[str]:
         try:
-            if head is not None:
+            for head in heads:
                 yield head
-            async for piece in call.rest():
-                chunk = chunks(piece, call.tally.add(piece))
-                if chunk is not None:
+            async for sample, piece in samples.merged():
+                for chunk in chunks(sample, piece, sample.tally.add(piece)):
                     yield chunk
-            yield tail(call.tally)
+                if piece.final:
+                    for chunk in tails(sample):
+                        yield chunk
             if body.include_usage():
                 yield usage_chunk()
             yield DONE
@@ -144,117 +123,80 @@ async def _stream(request: Request, call: Call, body: SamplingFields,
             log.exception("request %s: unexpected error in a stream", REQUEST_ID.get())
             yield sse_error(APIError(500, INTERNAL_ERROR, "server_error"))
         finally:
-            await call.pieces.aclose()  # type: ignore[attr-defined]
+            await samples.aclose()
 
     return SSEResponse(events())
 
 
-async def _collect(request: Request, call: Call) -> bool:
-    """Run the request to its end; False if the client left first."""
+async def collect(request: Request, answer: Answer) -> bool:
+    """Run every choice to its end; False if the client left first."""
+    async def run() -> None:
+        await answer.samples.start()
+        await answer.samples.collect()
+
     try:
-        await unless_disconnected(request, call.collect())
+        await unless_disconnected(request, run())
     except ClientGone:
         return False
+    finally:
+        await answer.samples.aclose()
     return True
 
 
 async def create_completion(body: CompletionRequest, request: Request) -> Response | Completion:
     """POST /v1/completions."""
-    served = _check_model(request, body.model)
-    _check_prompt_size(request, [body.prompt_text()], body, "prompt")
+    served = check_model(request, body.model)
+    check_prompt_size(request, [body.prompt_text()], body, "prompt")
     max_tokens = body.max_tokens or COMPLETIONS_DEFAULT_MAX_TOKENS
-    call = await _call(request, body, body.prompt_text(), max_tokens, "cmpl")
+    answer = start_answer(request, body, body.prompt_text(), max_tokens, "cmpl")
     want_logprobs, want_top = body.wants_logprobs(), body.num_top_logprobs()
     echo = body.prompt_text() if body.echo else ""
     usage_excluded = None if body.include_usage() else {"usage"}
 
     def chunk(choices: list[CompletionChoice]) -> Completion:
-        return Completion(id=call.id, created=call.created, model=call.model, choices=choices)
-
-    def last(tally: Tally) -> CompletionChoice:
-        return CompletionChoice(text="", finish_reason=tally.finish_reason(), stop_reason=tally.stop_reason())
+        return Completion(id=answer.id, created=answer.created, model=answer.model, choices=choices)
 
     if body.stream:
-        offset = [0]
+        offsets = [0] * body.num_choices()
 
-        def piece_chunk(piece: Piece, texts: list[str]) -> str | None:
+        def piece_chunks(sample: Sample, piece: Piece, texts: list[str]) -> list[str]:
             if not piece.text and not (want_logprobs and texts):
-                return None
+                return []
             logprobs = completion_logprobs(served, texts, piece.logprobs, piece.top_logprobs or [], want_top,
-                                           offset[0]) if want_logprobs else None
-            offset[0] += len(piece.text)
-            return sse(chunk([CompletionChoice(text=piece.text, logprobs=logprobs)]), usage_excluded)
+                                           offsets[sample.index]) if want_logprobs else None
+            offsets[sample.index] += len(piece.text)
+            return [sse(chunk([CompletionChoice(index=sample.index, text=piece.text, logprobs=logprobs)]),
+                        usage_excluded)]
 
-        head = sse(chunk([CompletionChoice(text=echo)]), usage_excluded) if echo else None
-        return await _stream(
-            request, call, body, piece_chunk, head,
-            lambda tally: sse(chunk([last(tally)]), usage_excluded),
-            lambda: sse(chunk([]).model_copy(update={"usage": call.tally.usage()})))
-    if not await _collect(request, call):
+        def tails(sample: Sample) -> list[str]:
+            return [sse(chunk([CompletionChoice(index=sample.index, text="", finish_reason=sample.tally.finish_reason(),
+                                                stop_reason=sample.tally.stop_reason())]), usage_excluded)]
+
+        heads = [sse(chunk([CompletionChoice(index=i, text=echo)]), usage_excluded)
+                 for i in range(body.num_choices())] if echo else []
+        return await stream_answer(request, answer, body, piece_chunks, heads, tails,
+                                   lambda: sse(chunk([]).model_copy(update={"usage": answer.samples.usage()})))
+    if not await collect(request, answer):
         return Response(status_code=499)
-    tally = call.tally
-    logprobs = completion_logprobs(served, tally.token_texts, tally.logprobs, tally.top_logprobs,
-                                   want_top) if want_logprobs else None
-    answer = chunk([CompletionChoice(text=echo + tally.text, logprobs=logprobs,
-                                     finish_reason=tally.finish_reason(), stop_reason=tally.stop_reason())])
-    return answer.model_copy(update={"usage": tally.usage()})
-
-
-async def create_chat_completion(body: ChatCompletionRequest,
-                                 request: Request) -> Response | ChatCompletion:
-    """POST /v1/chat/completions."""
-    served = _check_model(request, body.model)
-    _check_prompt_size(request, [part for m in body.messages for part in (m.text(), m.name or "")],
-                       body, "messages")
-    prompt = await _offload(request, served.chat_prompt, body.messages)
-    # Without a limit a reply may use the rest of the context (as OpenAI). A prompt that leaves
-    # no room is sent with 1 so that the engine refuses it with its own message.
-    max_tokens = body.token_limit() or max(
-        1, served.max_seq_len - await _offload(request, served.count_tokens, prompt))
-    call = await _call(request, body, prompt, max_tokens, "chatcmpl")
-    want_logprobs, want_top = body.wants_logprobs(), body.num_top_logprobs()
-    usage_excluded = None if body.include_usage() else {"usage"}
-
-    def chunk(choices: list[ChatChunkChoice]) -> ChatCompletionChunk:
-        return ChatCompletionChunk(id=call.id, created=call.created, model=call.model,
-                                   choices=choices)
-
-    if body.stream:
-        def piece_chunk(piece: Piece, texts: list[str]) -> str | None:
-            if not piece.text and not (want_logprobs and texts):
-                return None
-            logprobs = chat_logprobs(served, texts, piece.logprobs, piece.top_logprobs or [],
-                                     want_top) if want_logprobs else None
-            return sse(chunk([ChatChunkChoice(delta=ChatDelta(content=piece.text),
-                                              logprobs=logprobs)]), usage_excluded)
-
-        head = sse(chunk([ChatChunkChoice(delta=ChatDelta(role="assistant", content=""))]),
-                   usage_excluded)
-        return await _stream(
-            request, call, body, piece_chunk, head,
-            lambda tally: sse(chunk([ChatChunkChoice(delta=ChatDelta(), finish_reason=tally.finish_reason(),
-                                                     stop_reason=tally.stop_reason())]), usage_excluded),
-            lambda: sse(chunk([]).model_copy(update={"usage": call.tally.usage()})))
-    if not await _collect(request, call):
-        return Response(status_code=499)
-    tally = call.tally
-    choice = ChatChoice(message=ChatResponseMessage(content=tally.text),
-                        logprobs=chat_logprobs(served, tally.token_texts, tally.logprobs, tally.top_logprobs,
-                                               want_top) if want_logprobs else None,
-                        finish_reason=tally.finish_reason(), stop_reason=tally.stop_reason())
-    return ChatCompletion(id=call.id, created=call.created, model=call.model, choices=[choice],
-                          usage=tally.usage())
+    choices = []
+    for sample in answer.samples.samples:
+        tally = sample.tally
+        logprobs = completion_logprobs(served, tally.token_texts, tally.logprobs, tally.top_logprobs,
+                                       want_top) if want_logprobs else None
+        choices.append(CompletionChoice(index=sample.index, text=echo + tally.text, logprobs=logprobs,
+                                        finish_reason=tally.finish_reason(), stop_reason=tally.stop_reason()))
+    return chunk(choices).model_copy(update={"usage": answer.samples.usage()})
 
 
 async def tokenize(body: TokenizeRequest, request: Request) -> TokenizeResponse:
     """POST /tokenize (vLLM's): the token ids of a prompt, or of chat messages through the template."""
-    served = _check_model(request, body.model)
+    served = check_model(request, body.model)
     if body.messages is not None:
-        _check_prompt_size(request, [part for m in body.messages for part in (m.text(), m.name or "")],
+        check_prompt_size(request, [part for m in body.messages for part in (m.text(), m.name or "")],
                            body, "messages")
-        text = await _offload(request, served.chat_prompt, body.messages)
+        text = await offload(request, served.chat_prompt, body.messages)
     else:
-        _check_prompt_size(request, [body.prompt or ""], body, "prompt")
+        check_prompt_size(request, [body.prompt or ""], body, "prompt")
         text = body.prompt or ""
 
     def encode() -> list[int]:
@@ -262,16 +204,16 @@ async def tokenize(body: TokenizeRequest, request: Request) -> TokenizeResponse:
             return list(served.tokenizer.encode(text, add_special_tokens=True))
         return served.encode(text)
 
-    tokens = await _offload(request, encode)
+    tokens = await offload(request, encode)
     strs = [served.token_text(t) for t in tokens] if body.return_token_strs else None
     return TokenizeResponse(count=len(tokens), max_model_len=served.max_seq_len, tokens=tokens, token_strs=strs)
 
 
 async def detokenize(body: DetokenizeRequest, request: Request) -> DetokenizeResponse:
     """POST /detokenize (vLLM's): the text of token ids."""
-    served = _check_model(request, body.model)
+    served = check_model(request, body.model)
     vocab = served.vocab_size
     bad = [t for t in body.tokens if t >= vocab]
     if bad:
         raise bad_request(f"token ids {bad[:5]} are outside the vocabulary (0..{vocab - 1})", param="tokens")
-    return DetokenizeResponse(prompt=await _offload(request, served.decode, body.tokens))
+    return DetokenizeResponse(prompt=await offload(request, served.decode, body.tokens))

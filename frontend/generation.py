@@ -48,11 +48,15 @@ def csv_field(word: str) -> str:
     return buffer.getvalue()
 
 
+_REQUEST_SEED = object()
+
+
 def ensemble_inputs(req: SamplingFields, prompt: str, max_tokens: int,
-                    cache_salt: str | None = None) -> dict[str, np.ndarray]:
+                    cache_salt: str | None = None, seed: int | None | object = _REQUEST_SEED) -> dict[str, np.ndarray]:
     """The ensemble's input arrays for one request: streamed; with per-token log-probabilities
     (and `num_top_logprobs` alternatives) when the client asked for them. `cache_salt`: the
-    request's prefix-cache salt as the guard resolved it (guard.request_cache_salt)."""
+    request's prefix-cache salt as the guard resolved it (guard.request_cache_salt); `seed`: this
+    choice's seed (samples.choice_seed), the request's when not given."""
     top_p = req.top_p
     if top_p == 0.0:
         top_p = TOP_P_MOST_LIKELY
@@ -63,7 +67,8 @@ def ensemble_inputs(req: SamplingFields, prompt: str, max_tokens: int,
         prompt, max_tokens, stream=True, return_log_probs=req.wants_logprobs() or None,
         num_top_logprobs=top or None, exclude_input_in_output=True,
         temperature=OPENAI_TEMPERATURE if req.temperature is None else req.temperature,
-        top_p=top_p, top_k=req.top_k, seed=req.seed, presence_penalty=req.presence_penalty,
+        top_p=top_p, top_k=req.top_k, seed=req.seed if seed is _REQUEST_SEED else seed,
+        presence_penalty=req.presence_penalty,
         frequency_penalty=req.frequency_penalty, stop_words=stops or None,
         min_tokens=max_tokens if req.ignore_eos else req.min_tokens, cache_salt=cache_salt,
         guided_decoding_guide_type=guide_type, guided_decoding_guide=guide)

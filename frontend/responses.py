@@ -6,11 +6,11 @@ models written as server-sent events.
 
 from __future__ import annotations
 
-from typing import Literal
+from typing import Any, Literal
 
-from pydantic import BaseModel, Field
+from pydantic import BaseModel, Field, SerializerFunctionWrapHandler, model_serializer
 
-FinishReason = Literal["stop", "length"]
+FinishReason = Literal["stop", "length", "tool_calls"]
 
 
 StopReason = int | str | None
@@ -77,9 +77,21 @@ class ChatLogprobs(BaseModel):
     content: list[ChatLogprob]
 
 
+class FunctionCallOut(BaseModel):
+    name: str
+    arguments: str = Field(description="The arguments as the model wrote them (JSON text).")
+
+
+class ToolCallOut(BaseModel):
+    id: str
+    type: Literal["function"] = "function"
+    function: FunctionCallOut
+
+
 class ChatResponseMessage(BaseModel):
     role: Literal["assistant"] = "assistant"
-    content: str
+    content: str | None
+    tool_calls: list[ToolCallOut] | None = None
 
 
 class ChatChoice(BaseModel):
@@ -99,9 +111,34 @@ class ChatCompletion(BaseModel):
     usage: Usage
 
 
+class _OmitNone(BaseModel):
+    """Serialized without its unset (None) fields: the OpenAI SDK's stream accumulator sets `type`
+    from every delta that has the key, so a later `"type": null` would erase the call's type."""
+
+    @model_serializer(mode="wrap")
+    def _without_none(self, handler: SerializerFunctionWrapHandler) -> dict[str, Any]:
+        return {k: v for k, v in handler(self).items() if v is not None}
+
+
+class FunctionCallDelta(_OmitNone):
+    name: str | None = None
+    arguments: str = ""
+
+
+class ToolCallDelta(_OmitNone):
+    """A streamed piece of a tool call: the first one has id, type and name; the others only
+    `function.arguments` to append (per `index`)."""
+
+    index: int
+    id: str | None = None
+    type: Literal["function"] | None = None
+    function: FunctionCallDelta
+
+
 class ChatDelta(BaseModel):
     role: Literal["assistant"] | None = None
     content: str | None = None
+    tool_calls: list[ToolCallDelta] | None = None
 
 
 class ChatChunkChoice(BaseModel):

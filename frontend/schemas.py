@@ -14,12 +14,26 @@ from typing import Annotated, Any, Literal
 
 from pydantic import AfterValidator, BaseModel, ConfigDict, Field, field_validator, model_validator
 
+from trtforge.frontend.tool_schemas import (
+    MAX_TOOLS,
+    MessageToolCall,
+    NamedToolChoice,
+    Tool,
+    ToolChoice,
+    check_choice,
+    check_unique,
+    forced_guide,
+)
+
 INT32_MAX = (1 << 31) - 1
 UINT64_MAX = (1 << 64) - 1
 MAX_STOP_STRINGS = 16
 MAX_TOP_LOGPROBS = 20
 """Most alternatives per token (OpenAI's chat limit and vLLM's default max_logprobs; the engine's
 SamplingParams bound)."""
+MAX_CHOICES_N = 16
+"""Most choices per request (`n`): each is one engine request, with its own KV blocks past the shared
+prompt blocks."""
 MAX_CACHE_SALT_CHARS = 256
 """Longest `cache_salt` a client may send (the engine's bound, 512, leaves room for an API key's
 salt in front of it)."""
@@ -136,8 +150,9 @@ class SamplingFields(BaseModel):
         None, description=f"Up to {MAX_STOP_STRINGS} strings; the text ends before the first.")
     presence_penalty: float | None = _finite(-2.0, 2.0, "In [-2, 2].")
     frequency_penalty: float | None = _finite(-2.0, 2.0, "In [-2, 2].")
-    n: int | None = Field(None, description="Only 1: one choice per request.",
-                          json_schema_extra=_only(1))
+    n: int | None = Field(None, ge=1, le=MAX_CHOICES_N, description=(
+        f"Choices to generate (1..{MAX_CHOICES_N}), each sampled on its own (with a seed: seed + its "
+        "index); they share the prompt's cached KV blocks."))
     stream: bool | None = False
     stream_options: StreamOptions | None = None
     logit_bias: dict[str, float] | None = Field(None, description="Not supported (must be empty).",
@@ -169,20 +184,15 @@ class SamplingFields(BaseModel):
         """The client asked for the log-probabilities of the generated tokens."""
         return False
 
-    @field_validator("n")
-    @classmethod
-    def _one_choice(cls, n: int | None) -> int | None:
-        if n is not None and n != 1:
-            raise ValueError(f"n={n} is not supported: trtforge returns one choice per request; "
-                             "send n=1 or leave it out")
-        return n
-
     @field_validator("logit_bias")
     @classmethod
     def _no_bias(cls, bias: dict[str, float] | None) -> dict[str, float] | None:
         if bias:
             raise ValueError("logit_bias is not supported by trtforge; leave it out")
         return bias
+
+    def num_choices(self) -> int:
+        return self.n or 1
 
     def stop_list(self) -> list[str]:
         """`stop` as a list (a single string is one stop string)."""
@@ -267,6 +277,9 @@ class ChatMessage(BaseModel):
     role: Literal["system", "developer", "user", "assistant", "tool"]
     content: Text | list[TextPart] | None = None
     name: str | None = None
+    tool_calls: list[MessageToolCall] | None = Field(None, description=(
+        "An assistant message's tool calls (rendered through the chat template)."))
+    tool_call_id: str | None = Field(None, description="A tool message: the call it answers.")
 
     def text(self) -> str:
         if isinstance(self.content, list):
@@ -318,8 +331,13 @@ class ChatCompletionRequest(SamplingFields):
     logprobs: bool | None = False
     top_logprobs: int | None = Field(None, ge=0, le=MAX_TOP_LOGPROBS, description=(
         f"0..{MAX_TOP_LOGPROBS} most likely alternatives per generated token; needs logprobs=true."))
-    tools: list[dict[str, Any]] | None = Field(None, description="Not supported (must be empty).",
-                                               json_schema_extra={"maxItems": 0})
+    tools: Annotated[list[Tool], Field(max_length=MAX_TOOLS)] | None = Field(None, description=(
+        f"Functions the model may call (at most {MAX_TOOLS}); offered through the chat template."))
+    tool_choice: ToolChoice | None = Field(None, description=(
+        'none, auto (the default with tools), required (at least one call) or {"type": "function", '
+        '"function": {"name": ...}}; required and named calls are enforced by a grammar.'))
+    parallel_tool_calls: bool | None = Field(None, description=(
+        "With tool_choice required: true (the default) lets the model make several calls, false exactly one."))
     response_format: ResponseFormat | None = None
 
     @field_validator("top_logprobs")
@@ -337,51 +355,43 @@ class ChatCompletionRequest(SamplingFields):
 
     @field_validator("tools")
     @classmethod
-    def _no_tools(cls, tools: list | None) -> list | None:
-        if tools:
-            raise ValueError("tools are not supported by trtforge; leave them out")
-        return tools
+    def _unique_tools(cls, tools: list[Tool] | None) -> list[Tool] | None:
+        return check_unique(tools)
+
+    @field_validator("tool_choice")
+    @classmethod
+    def _known_tool(cls, choice: ToolChoice | None, info: Any) -> ToolChoice | None:
+        return check_choice(info.data.get("tools"), choice)  # tools is declared (validated) first
 
     @model_validator(mode="after")
     def _one_constraint(self) -> "ChatCompletionRequest":
-        if (self.structured_outputs is not None and self.response_format is not None
-                and self.response_format.type != "text"):
-            raise ValueError("send either response_format (json_object / json_schema) or structured_outputs, "
-                             "not both")
+        constraints = [name for name, given in (
+            ("response_format", self.response_format is not None and self.response_format.type != "text"),
+            ("structured_outputs", self.structured_outputs is not None),
+            (f"tool_choice {self.tool_choice_mode()}", self.forces_tool_call())) if given]
+        if len(constraints) > 1:
+            raise ValueError(f"send one constraint on the output, not {' and '.join(constraints)}")
         return self
 
+    def tool_choice_mode(self) -> str:
+        """none, auto, required or named (auto when tools are given without a choice)."""
+        if isinstance(self.tool_choice, NamedToolChoice):
+            return "named"
+        return self.tool_choice or ("auto" if self.tools else "none")
+
+    def offered_tools(self) -> list[Tool] | None:
+        """The tools the prompt offers (none with tool_choice none)."""
+        return self.tools if self.tools and self.tool_choice_mode() != "none" else None
+
+    def forces_tool_call(self) -> bool:
+        return self.tool_choice_mode() in ("required", "named")
+
     def guide(self) -> Guide:
+        if self.forces_tool_call():
+            return forced_guide(self.tools or [], self.tool_choice, self.parallel_tool_calls is not False)
         if self.response_format is not None and self.response_format.type != "text":
             return self.response_format.guide()
         return super().guide()
 
     def token_limit(self) -> int | None:
         return self.max_completion_tokens or self.max_tokens
-
-
-class TokenizeRequest(BaseModel):
-    """POST /tokenize (vLLM's shape): a prompt, or chat messages through the chat template."""
-
-    model_config = ConfigDict(extra="ignore")
-    model: str = Field(description="The served model id (GET /v1/models).")
-    prompt: Text | None = Field(None, description="The text to tokenize.")
-    messages: list[ChatMessage] | None = Field(None, min_length=1, description=(
-        "Instead of prompt: a conversation, tokenized as /v1/chat/completions sends it."))
-    add_special_tokens: bool = Field(False, description=(
-        "Add the tokenizer's special tokens (BOS, ...). Default false: what the engine does with a "
-        "prompt, so that `count` equals usage.prompt_tokens."))
-    return_token_strs: bool = Field(False, description="Also return each token's text.")
-
-    @model_validator(mode="after")
-    def _prompt_or_messages(self) -> "TokenizeRequest":
-        if (self.prompt is None) == (self.messages is None):
-            raise ValueError("send exactly one of prompt or messages")
-        return self
-
-
-class DetokenizeRequest(BaseModel):
-    """POST /detokenize (vLLM's shape)."""
-
-    model_config = ConfigDict(extra="ignore")
-    model: str = Field(description="The served model id (GET /v1/models).")
-    tokens: list[Annotated[int, Field(ge=0, le=INT32_MAX)]] = Field(description="Token ids to turn into text.")

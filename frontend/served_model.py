@@ -19,6 +19,9 @@ from typing import Any
 
 from trtforge.frontend.errors import bad_request
 from trtforge.frontend.schemas import ChatMessage
+from trtforge.frontend.tool_parsers import TOOL_CALL_PARSERS, Parser, parse_forced, parser_for_template
+from trtforge.frontend.tool_prompt import conversation, template_source, template_takes_tools
+from trtforge.frontend.tool_schemas import Tool
 from trtforge.model_repo.interface import ENSEMBLE
 from trtforge.model_repo.params import ENGINE_DIR
 from trtforge.model_repo.pbtxt import parameters_of, read_config
@@ -39,6 +42,9 @@ class ServedModel:
     max_seq_len: int
     """Prompt + output tokens the engine allows per request."""
     triton_model: str = ENSEMBLE
+    tool_call_parser: str | None = None
+    """How tool calls are read from the output (tool_parsers.TOOL_CALL_PARSERS); None: the one the
+    chat template's own format calls for (tool_parsers.parser_for_template)."""
     created: int = field(default_factory=lambda: int(time.time()))
     _token_texts: dict[int, str] = field(default_factory=dict, repr=False, compare=False)
 
@@ -76,8 +82,24 @@ class ServedModel:
         """
         return len(self.encode(text))
 
-    def chat_prompt(self, messages: list[ChatMessage]) -> str:
-        """The prompt text of a conversation, by the tokenizer's chat template."""
+    def __post_init__(self) -> None:
+        if self.tool_call_parser is None:
+            self.tool_call_parser = parser_for_template(template_source(self.tokenizer, True))
+        elif self.tool_call_parser not in TOOL_CALL_PARSERS:
+            raise ValueError(f"unknown tool-call parser {self.tool_call_parser!r}; choose one of "
+                             f"{', '.join(TOOL_CALL_PARSERS)}")
+
+    def tool_parser(self, forced: bool) -> Parser:
+        """The parser of a choice's output: the grammar's format when the call was forced."""
+        return parse_forced if forced else TOOL_CALL_PARSERS[self.tool_call_parser or "hermes"]
+
+    def template_takes_tools(self) -> bool:
+        """The chat template renders `tools` itself (else tool_prompt puts them in the system prompt)."""
+        return template_takes_tools(template_source(self.tokenizer, True))
+
+    def chat_prompt(self, messages: list[ChatMessage], tools: list[Tool] | None = None) -> str:
+        """The prompt text of a conversation, by the tokenizer's chat template; `tools`: those
+        offered (tool_prompt.py: through the template, or in the system prompt when it takes none)."""
         if not getattr(self.tokenizer, "chat_template", None):
             raise bad_request(
                 f"The model {self.name!r} has no chat template (its tokenizer in "
@@ -85,11 +107,10 @@ class ServedModel:
                 "prompt; use /v1/completions, or add a chat_template to the checkpoint's "
                 "tokenizer_config.json (or chat_template.jinja) and rebuild the engine.",
                 param="messages")
-        conversation = [{"role": "system" if m.role == "developer" else m.role,
-                         "content": m.text(), **({"name": m.name} if m.name else {})}
-                        for m in messages]
+        native = self.template_takes_tools()
+        turns, offered = conversation(messages, tools, native, self.tool_call_parser or "hermes")
         try:
-            return self.tokenizer.apply_chat_template(conversation, tokenize=False,
+            return self.tokenizer.apply_chat_template(turns, tools=offered, tokenize=False,
                                                       add_generation_prompt=True)
         except Exception as exc:  # noqa: BLE001 - jinja's raise_exception, missing keys, ...
             raise bad_request(f"The chat template refused these messages: "
@@ -135,7 +156,8 @@ def engine_dir_of(repo: str | os.PathLike) -> Path:
 
 
 def load_served_model(repo: str | os.PathLike, name: str | None = None,
-                      engine_dir: str | os.PathLike | None = None) -> ServedModel:
+                      engine_dir: str | os.PathLike | None = None,
+                      tool_call_parser: str | None = None) -> ServedModel:
     """Read the repository and its engine's tokenizer; FileNotFoundError/ValueError say why not.
     `engine_dir`: the engine directory to read instead of the one the repository names (a router
     on its own host)."""
@@ -154,4 +176,5 @@ def load_served_model(repo: str | os.PathLike, name: str | None = None,
         engine_dir=engine_dir,
         tokenizer=load_tokenizer(engine_dir),
         max_seq_len=engine.max_seq_len,
+        tool_call_parser=tool_call_parser,
     )

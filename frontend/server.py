@@ -18,7 +18,8 @@ from fastapi import FastAPI, Request
 from fastapi.openapi.utils import get_openapi
 from fastapi.responses import JSONResponse
 
-from trtforge.frontend.endpoints import create_chat_completion, create_completion, detokenize, tokenize
+from trtforge.frontend.chat import create_chat_completion
+from trtforge.frontend.endpoints import create_completion, detokenize, tokenize
 from trtforge.frontend.errors import install_handlers, model_not_found, unavailable
 from trtforge.frontend.guard import Guard, Limits
 from trtforge.frontend.responses import (

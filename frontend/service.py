@@ -48,8 +48,12 @@ class OpenAIFrontend:
     fails first), `start()` once Triton is ready, `stop()` before Triton stops."""
 
     def __init__(self, repo: str, host: str, port: int | None, name: str | None,
-                 limits: Limits | None = None, engine_dir: str | None = None) -> None:
+                 limits: Limits | None = None, engine_dir: str | None = None,
+                 tool_call_parser: str | None = None) -> None:
         self.repo, self.host, self.port, self.name = repo, host, port, name
+        self.tool_call_parser = tool_call_parser
+        """How tool calls are read from the output (tool_parsers.TOOL_CALL_PARSERS); None: by the
+        chat template."""
         self.engine_dir = engine_dir
         """The engine directory to read the tokenizer from instead of the repository's (a router
         alone on its host)."""
@@ -59,7 +63,7 @@ class OpenAIFrontend:
 
     def prepare(self) -> None:
         if self.port is not None:
-            self.served = load_served_model(self.repo, self.name, self.engine_dir)
+            self.served = load_served_model(self.repo, self.name, self.engine_dir, self.tool_call_parser)
 
     def start(self, triton_grpc_url: str) -> str | None:
         """Start serving; returns the lines to print (None when off)."""

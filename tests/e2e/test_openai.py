@@ -370,7 +370,7 @@ def test_documented_errors_have_their_status_and_error_object(api):
     ok = dict(model=NAME, prompt="Hi", max_tokens=4)
     too_long = "hello " * api.max_seq_len
     cases = [  # (body, status, param)
-        ({**ok, "n": 2}, 400, "n"), ({**ok, "temperature": 3}, 400, "temperature"),
+        ({**ok, "n": 17}, 400, "n"), ({**ok, "temperature": 3}, 400, "temperature"),
         ({**ok, "max_tokens": 0}, 400, "max_tokens"), ({**ok, "logprobs": 21}, 400, "logprobs"),
         ({**ok, "echo": True, "logprobs": 0}, 400, "echo"), ({**ok, "prompt_logprobs": 1}, 400, "prompt_logprobs"),
         ({**ok, "prompt": [1, 2, 3]}, 400, "prompt"), ({**ok, "stop": ""}, 400, "stop"),
@@ -386,14 +386,14 @@ def test_documented_errors_have_their_status_and_error_object(api):
     chat = dict(model=NAME, messages=CHATS[0])
     for body, param in [({**chat, "top_logprobs": 3}, "top_logprobs"),
                         ({**chat, "messages": []}, "messages"),
-                        ({**chat, "tools": [{"type": "function"}]}, "tools"),
+                        ({**chat, "tools": [{"type": "function"}]}, "tools.0.function"),
                         ({**chat, "messages": [{"role": "robot", "content": "x"}]},
                          "messages.0.role")]:
         code, answer = _post(api, "/chat/completions", json.dumps(body).encode())
         assert (code, answer["error"]["param"]) == (400, param), answer
     assert _post(api, "/completions", b"{not json")[0] == 400
-    with pytest.raises(openai.BadRequestError, match="n=3 is not supported"):
-        api.client.completions.create(model=NAME, prompt="Hi", n=3)
+    with pytest.raises(openai.BadRequestError, match="n: Input should be less than or equal to 16"):
+        api.client.completions.create(model=NAME, prompt="Hi", n=17)
     # The size caps (defaults: 16 characters per token of max_seq_len; the body 6 bytes per
     # character, at least 1 MiB): a prompt over the cap is refused before anything tokenizes it
     # (`code` prompt_too_long is the front end's, not the model's), a body over it unread.
@@ -469,6 +469,55 @@ def test_cache_salt_keeps_prefix_cache_hits_within_a_salt(api):
     assert hits("e2e-tenant-a") == full
     with pytest.raises(openai.BadRequestError):
         api.client.completions.create(model=NAME, prompt=prompt, max_tokens=4, extra_body={"cache_salt": ""})
+
+
+def test_n_choices_share_the_prompts_kv_blocks_and_each_has_its_seed(api):
+    """n=4: the first choice prefills the prompt, the other three find its full blocks in the prefix
+    cache (the engine's hit counter grows by 3 x those tokens); choice i is what one request with
+    seed + i answers; usage counts the prompt once and every choice's tokens."""
+    prompt = "Several samples share this prompt: " + " ".join(f"s{i}" for i in range(40))
+    full = (api.count(prompt) - 1) // 8 * 8  # the e2e engine's blocks hold 8 tokens
+    assert full >= 16
+    before = [api.serve.metric(f"trtforge_prefix_cache_{m}_total") for m in ("queries", "hits")]
+    got = api.client.completions.create(model=NAME, prompt=prompt, max_tokens=8, n=4, seed=100, temperature=1.0)
+    assert wait_for(lambda: api.serve.metric("trtforge_prefix_cache_queries_total") >= before[0] + 4)
+    assert api.serve.metric("trtforge_prefix_cache_hits_total") - before[1] == 3 * full
+    assert [c.index for c in got.choices] == [0, 1, 2, 3] and len({c.text for c in got.choices}) > 1
+    assert got.usage.prompt_tokens == api.count(prompt) and got.usage.prompt_tokens_details.cached_tokens == 0
+    singles = [api.client.completions.create(model=NAME, prompt=prompt, max_tokens=8, seed=100 + i, temperature=1.0)
+               for i in range(4)]
+    assert [c.text for c in got.choices] == [s.choices[0].text for s in singles]
+    assert [c.finish_reason for c in got.choices] == [s.choices[0].finish_reason for s in singles]
+    assert got.usage.completion_tokens == sum(s.usage.completion_tokens for s in singles)
+    assert all(s.usage.prompt_tokens_details.cached_tokens == full for s in singles)
+
+
+def _by_index(chunks, text) -> tuple[dict[int, str], dict[int, str]]:
+    """Each choice's text and finish reason from streamed chunks."""
+    texts: dict[int, str] = {}
+    finish: dict[int, str] = {}
+    for chunk in chunks:
+        for choice in chunk.choices:
+            texts[choice.index] = texts.get(choice.index, "") + (text(choice) or "")
+            if choice.finish_reason:
+                finish[choice.index] = choice.finish_reason
+    return texts, finish
+
+
+def test_n_choices_stream_with_their_index(api):
+    common = dict(model=NAME, prompt=PROMPTS[0], max_tokens=MAX_TOKENS, n=3, seed=7, temperature=0.9)
+    whole = api.client.completions.create(**common)
+    chunks = list(api.client.completions.create(stream=True, stream_options={"include_usage": True}, **common))
+    assert _by_index(chunks, lambda c: c.text) == ({c.index: c.text for c in whole.choices},
+                                                   {c.index: c.finish_reason for c in whole.choices})
+    assert chunks[-1].choices == [] and chunks[-1].usage.completion_tokens == whole.usage.completion_tokens
+    chat = dict(model=NAME, messages=CHATS[0], max_tokens=MAX_TOKENS, n=2, seed=3, temperature=0.9)
+    whole = api.client.chat.completions.create(**chat)
+    chunks = list(api.client.chat.completions.create(stream=True, **chat))
+    assert _by_index(chunks, lambda c: c.delta.content) == ({c.index: c.message.content for c in whole.choices},
+                                                            {c.index: c.finish_reason for c in whole.choices})
+    assert whole.choices[0].message.content != whole.choices[1].message.content
+    assert {c.choices[0].delta.role for c in chunks[:2]} == {"assistant"}  # each choice's head
 
 
 def _leave_non_streamed(api: Api, body: dict) -> float:
@@ -572,7 +621,7 @@ def _a_bug_is_a_generic_500(api: Api, served, port: int, caplog) -> None:
 
     secret = "template exploded in /opt/internal/secret.py"
 
-    def broken_template(messages):
+    def broken_template(messages, tools=None):
         raise RuntimeError(secret)
 
     served.chat_prompt = broken_template  # a bug in the front end, not a bad request

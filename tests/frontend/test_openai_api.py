@@ -68,7 +68,8 @@ def test_logprobs_and_their_alternatives_reach_the_ensemble(body, logprobs):
 
 
 @pytest.mark.parametrize("fields, param, words", [
-    ({"n": 2}, "n", "n=2 is not supported"),
+    ({"n": 17}, "n", "less than or equal to 16"),
+    ({"n": 0}, "n", "greater than or equal to 1"),
     ({"logprobs": 21}, "logprobs", "less than or equal to 20"),
     ({"logprobs": 0, "echo": True}, "echo", "echo=true with logprobs"),
     ({"prompt_logprobs": 1}, "prompt_logprobs", "not supported"),

@@ -267,8 +267,8 @@ def test_internal_errors_get_a_generic_500_and_go_to_the_log(bridge, caplog):
                       503, "service_unavailable")
         assert "server busy" in busy["message"] and "secret" not in busy["message"]
         # A 4xx still says what was wrong.
-        assert "n=2 is not supported" in _error(client.post("/v1/completions", json={
-            **COMPLETION, "n": 2}), 400)["message"]
+        assert "n: Input should be less than or equal to 16" in _error(client.post("/v1/completions", json={
+            **COMPLETION, "n": 17}), 400)["message"]
         assert "'other'" in _error(client.post("/v1/completions", json={
             **COMPLETION, "model": "other"}), 404, "model_not_found")["message"]
 
