@@ -63,7 +63,9 @@ def weight_bytes_per_decode_step(engine: LLMEngine) -> int:
     """Bytes of weights one decode step must read: every converted weight once (engine.json's
     report; a tied LM head is the embedding, read whole), except embedding tables that are only
     gathered row by row. Read from the engine, not the module: a CPU engine's linear layers hold
-    oneDNN-packed buffers rather than parameters."""
+    oneDNN-packed buffers rather than parameters. An MoE engine's every expert is counted, though a
+    step reads only those its tokens chose: for MoE the bound is scripts/bench_moe.py's (it counts
+    the bytes of the experts that ran)."""
     from trtforge.models.dtypes import DTYPE_BYTES
 
     cfg = engine.engine_config

@@ -7,11 +7,15 @@ names our tensor, the HF tensors it is made from (`{i}` = layer index) and how t
     concat   rows of several HF Linear weights stacked (fused q|k|v, fused gate|up)
     copy     the tensor as it is
     conv1d   GPT-2's Conv1D stores weights as [in, out]; we store nn.Linear's [out, in]
+
+Mixture-of-Experts layers (Mixtral, Qwen2-MoE, Qwen3-MoE: models/moe.py) add `{e}` = expert index, a rule
+repeated for every routed expert, and rules that exist only in the MoE layers or only in the dense ones
+(`layers`: Qwen MoE's decoder_sparse_step / mlp_only_layers leave dense layers among the sparse).
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 from trtforge.models.errors import BuildError
 
@@ -25,6 +29,8 @@ class WeightRule:
     """Name of a ModelConfig boolean that must be true for this tensor to exist (e.g. qkv_bias)."""
     unless: str | None = None
     """Name of a ModelConfig boolean that must be false (e.g. tie_word_embeddings for lm_head)."""
+    layers: str = "all"
+    """Which decoder layers have the tensor: all | dense (the MLP) | moe (the MoE block: ModelConfig.is_moe_layer)."""
 
 
 @dataclass(frozen=True)
@@ -89,6 +95,35 @@ _GEMMA_LAYER = (
     _R("mlp_out_norm.weight", (_P + "post_feedforward_layernorm.weight",)),
 )
 
+# MoE: the router, every expert's gate|up fused and its down (Mixtral's w1 = gate, w3 = up, w2 = down), Qwen2-MoE's
+# shared expert and its sigmoid gate; Qwen MoE's dense layers keep the Llama-style MLP (layers="dense").
+_E = _P + "mlp.experts.{e}."
+_DENSE_MLP = tuple(replace(r, layers="dense") for r in _ROPE_LAYER if r.ours.startswith("mlp."))
+_QWEN_MOE_LAYER = (
+    *_ATTENTION,
+    _R("post_attn_norm.weight", (_P + "post_attention_layernorm.weight",)),
+    *_DENSE_MLP,
+    _R("mlp.router.weight", (_P + "mlp.gate.weight",), layers="moe"),
+    _R("mlp.experts.{e}.gate_up.weight", (_E + "gate_proj.weight", _E + "up_proj.weight"), "concat", layers="moe"),
+    _R("mlp.experts.{e}.down.weight", (_E + "down_proj.weight",), layers="moe"),
+)
+_S = _P + "mlp.shared_expert."
+_QWEN2_MOE_LAYER = (
+    *_QWEN_MOE_LAYER,
+    _R("mlp.shared_expert.gate_up.weight", (_S + "gate_proj.weight", _S + "up_proj.weight"), "concat", layers="moe"),
+    _R("mlp.shared_expert.down.weight", (_S + "down_proj.weight",), layers="moe"),
+    _R("mlp.shared_expert_gate.weight", (_P + "mlp.shared_expert_gate.weight",), layers="moe"),
+)
+_M = _P + "block_sparse_moe."
+_MIXTRAL_LAYER = (
+    *_ATTENTION,
+    _R("post_attn_norm.weight", (_P + "post_attention_layernorm.weight",)),
+    _R("mlp.router.weight", (_M + "gate.weight",), layers="moe"),
+    _R("mlp.experts.{e}.gate_up.weight", (_M + "experts.{e}.w1.weight", _M + "experts.{e}.w3.weight"), "concat",
+       layers="moe"),
+    _R("mlp.experts.{e}.down.weight", (_M + "experts.{e}.w2.weight",), layers="moe"),
+)
+
 _G = "transformer.h.{i}."
 _GPT2_GLOBALS = (
     _R("embed_tokens.weight", ("transformer.wte.weight",)),
@@ -122,6 +157,10 @@ ARCHITECTURES: dict[str, ArchSpec] = {
     "Phi3ForCausalLM": ArchSpec("Phi3ForCausalLM", "phi3", _ROPE_GLOBALS, _PHI3_LAYER),
     "Gemma2ForCausalLM": ArchSpec("Gemma2ForCausalLM", "gemma2", _ROPE_GLOBALS, _GEMMA_LAYER),
     "Gemma3ForCausalLM": ArchSpec("Gemma3ForCausalLM", "gemma3", _ROPE_GLOBALS, _GEMMA_LAYER, qk_norm=True),
+    "MixtralForCausalLM": ArchSpec("MixtralForCausalLM", "mixtral", _ROPE_GLOBALS, _MIXTRAL_LAYER),
+    "Qwen2MoeForCausalLM": ArchSpec("Qwen2MoeForCausalLM", "qwen2_moe", _ROPE_GLOBALS, _QWEN2_MOE_LAYER),
+    "Qwen3MoeForCausalLM": ArchSpec("Qwen3MoeForCausalLM", "qwen3_moe", _ROPE_GLOBALS, _QWEN_MOE_LAYER,
+                                    qk_norm=True),
     "GPT2LMHeadModel": ArchSpec("GPT2LMHeadModel", "gpt2", _GPT2_GLOBALS, _GPT2_LAYER,
                                 hf_prefixes=("transformer.",)),
 }

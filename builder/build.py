@@ -64,6 +64,12 @@ def build_engine(checkpoint: str, output: str | Path, build: BuildConfig, force:
         raise BuildError(f"--backend tensorrt cannot build {model.architecture}: it soft-caps its attention "
                          f"scores (attn_logit_softcapping {model.attn_logit_softcapping}), which the TensorRT "
                          f"PagedAttention plugin does not take. Build with --backend torch.")
+    if model.num_experts and build.backend != "torch":
+        raise BuildError(f"--backend {build.backend} cannot build {model.architecture}: it is a Mixture-of-Experts "
+                         f"model ({model.num_experts} experts, top-{model.num_experts_per_tok}), and trtforge's MoE "
+                         f"block (routing, experts grouped per token) runs in its torch runtime only: the ONNX "
+                         f"export / TensorRT plan and the TensorRT-LLM hand-off do not take it. Build with "
+                         f"--backend torch.")
     ckpt_mod.check_tokenizer(src)
     dtype = resolve_dtype(build.dtype, model)
     quant = _quantization(build, model)

@@ -42,7 +42,7 @@ def _source_shapes(cfg: ModelConfig, rule: WeightRule, shape: tuple[int, ...]) -
     if rule.combine == "copy":
         return [shape]
     rows = ([cfg.q_size, cfg.kv_size, cfg.kv_size] if rule.ours.startswith("attn.qkv")
-            else [cfg.intermediate_size] * 2)
+            else [shape[0] // 2] * 2)  # gate | up of the MLP, an expert or the shared expert
     return [(r, *shape[1:]) for r in rows]
 
 
@@ -52,15 +52,13 @@ def plan(cfg: ModelConfig, spec: ArchSpec, reader: TensorReader) -> list[Item]:
     from trtforge.models.skip_init import build_on_meta
 
     expected = {k: tuple(v.shape) for k, v in build_on_meta(lambda: CausalLM(cfg)).state_dict().items()}
-    rules = [(r, None) for r in spec.globals]
-    rules += [(r, i) for i in range(cfg.num_layers) for r in spec.per_layer]
     items = []
-    for rule, layer in rules:
+    for rule, layer, expert in _rules(cfg, spec):
         if (rule.when and not getattr(cfg, rule.when)) or (rule.unless and getattr(cfg, rule.unless)):
             continue
-        ours = rule.ours if layer is None else f"layers.{layer}.{rule.ours}"
+        ours = rule.ours.format(e=expert) if layer is None else f"layers.{layer}.{rule.ours.format(e=expert)}"
         shape = expected[ours]
-        sources = [_find(reader, s.format(i=layer), spec) for s in rule.sources]
+        sources = [_find(reader, s.format(i=layer, e=expert), spec) for s in rule.sources]
         wanted = _source_shapes(cfg, rule, shape)
         for name, want in zip(sources, wanted):
             got = reader.index[name].shape
@@ -72,6 +70,20 @@ def plan(cfg: ModelConfig, spec: ArchSpec, reader: TensorReader) -> list[Item]:
                     f"The weights and config.json do not belong together.")
         items.append(Item(ours, sources, rule.combine, shape))
     return items
+
+
+def _rules(cfg: ModelConfig, spec: ArchSpec) -> list[tuple[WeightRule, int | None, int | None]]:
+    """(rule, layer or None for a global, expert or None) for every tensor the table may produce: a layer's
+    rules for its kind (dense MLP or MoE block), an expert's (`{e}`) once per routed expert."""
+    out: list[tuple[WeightRule, int | None, int | None]] = [(r, None, None) for r in spec.globals]
+    for i in range(cfg.num_layers):
+        kind = "moe" if cfg.is_moe_layer(i) else "dense"
+        for r in spec.per_layer:
+            if r.layers not in ("all", kind):
+                continue
+            experts = range(cfg.num_experts) if "{e}" in r.ours else [None]
+            out += [(r, i, e) for e in experts]
+    return out
 
 
 def _find(reader: TensorReader, name: str, spec: ArchSpec) -> str:

@@ -21,7 +21,8 @@ from trtforge.models.errors import BuildError
 
 ARCHS = {"qwen2": "Qwen2ForCausalLM", "llama": "LlamaForCausalLM", "gpt2": "GPT2LMHeadModel",
          "qwen3": "Qwen3ForCausalLM", "mistral": "MistralForCausalLM", "phi3": "Phi3ForCausalLM",
-         "gemma2": "Gemma2ForCausalLM", "gemma3": "Gemma3ForCausalLM"}
+         "gemma2": "Gemma2ForCausalLM", "gemma3": "Gemma3ForCausalLM", "mixtral": "MixtralForCausalLM",
+         "qwen2_moe": "Qwen2MoeForCausalLM", "qwen3_moe": "Qwen3MoeForCausalLM"}
 MODEL_TYPES = {arch: arch for arch in ARCHS} | {"gemma3": "gemma3_text"}
 """transformers' model_type (AutoConfig.for_model) of each --arch: Gemma 3's text-only model is gemma3_text."""
 
@@ -61,6 +62,12 @@ def hf_config(arch: str, size: str, tokenizer: Any) -> Any:
                                         for i in range(dims["num_hidden_layers"])])
     if arch == "mistral":
         dims["sliding_window"] = None
+    if arch == "mixtral":  # Mixtral's shape: 8 experts, top-2, each of intermediate_size
+        dims.update(num_local_experts=8, num_experts_per_tok=2, sliding_window=None)
+    if arch in ("qwen2_moe", "qwen3_moe"):  # fine-grained experts a quarter of the dense width
+        dims.update(num_experts=8, num_experts_per_tok=2, moe_intermediate_size=dims["intermediate_size"] // 4)
+    if arch == "qwen2_moe":
+        dims["shared_expert_intermediate_size"] = dims["intermediate_size"]
     cfg = AutoConfig.for_model(model_type, **dims, bos_token_id=tokenizer.bos_token_id,
                                eos_token_id=tokenizer.eos_token_id, pad_token_id=tokenizer.pad_token_id)
     cfg.architectures = [ARCHS[arch]]

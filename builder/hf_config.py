@@ -137,6 +137,9 @@ def _from_hf(spec: ArchSpec, hf: Any) -> ModelConfig:
     hidden_act = g("hidden_activation") or g("hidden_act")  # Gemma names it hidden_activation
     act = {"gelu_pytorch_tanh": "gelu_tanh", "gelu_new": "gelu_tanh"}.get(hidden_act, hidden_act)
     extra = _gemma_switches(spec, hf, local_params) if spec.family in ("gemma2", "gemma3") else {}
+    if spec.family in MOE_FAMILIES:
+        extra.update(_moe_switches(spec, hf))
+        attention_bias = attention_bias or bool(g("qkv_bias", False))  # Qwen2-MoE names its q/k/v bias qkv_bias
     rotary_dim = _rotary_dim(spec, hf, params, head_dim)
     if rope_type == "longrope":
         extra["rope_max_seq_len"] = _longrope_limit(hf, params)
@@ -149,12 +152,40 @@ def _from_hf(spec: ArchSpec, hf: Any) -> ModelConfig:
         max_position_embeddings=int(hf.max_position_embeddings),
         tie_word_embeddings=bool(g("tie_word_embeddings", False)),
         qkv_bias=spec.qkv_bias or attention_bias,
-        o_bias=attention_bias and spec.family in ("llama", "qwen3", "gemma2", "gemma3"),
+        o_bias=attention_bias and spec.family in ("llama", "qwen3", "gemma2", "gemma3", "qwen3_moe"),
         mlp_bias=bool(g("mlp_bias", False)), qk_norm=spec.qk_norm, rope_type=rope_type,
         rope_theta=theta, sliding_window=_sliding_window(hf), rotary_dim=rotary_dim,
         bos_token_id=g("bos_token_id"), eos_token_ids=_eos_list(g("eos_token_id")), pad_token_id=g("pad_token_id"),
         torch_dtype=_dtype_name(hf), **extra,
     )
+
+
+MOE_FAMILIES = ("mixtral", "qwen2_moe", "qwen3_moe")
+
+
+def _moe_switches(spec: ArchSpec, hf: Any) -> dict[str, Any]:
+    """The Mixture-of-Experts fields of ModelConfig (models/moe.py), or BuildError for what trtforge does not run.
+    Mixtral: every layer sparse, experts of intermediate_size, top-k always renormalised. Qwen2/3-MoE: experts
+    of moe_intermediate_size, norm_topk_prob, dense layers where mlp_only_layers / decoder_sparse_step say
+    (as transformers' decoder layers decide), Qwen2-MoE's shared expert."""
+    def g(name: str, default: Any = None) -> Any:
+        return getattr(hf, name, default)
+
+    layers = int(hf.num_hidden_layers)
+    if spec.family == "mixtral":
+        experts, width, normalize, shared, sparse = int(hf.num_local_experts), int(hf.intermediate_size), True, 0, None
+    else:
+        experts, width = int(g("num_experts") or 0), int(hf.moe_intermediate_size)
+        normalize = bool(g("norm_topk_prob", False))
+        shared = int(g("shared_expert_intermediate_size") or 0) if spec.family == "qwen2_moe" else 0
+        step, dense = int(g("decoder_sparse_step") or 1), set(g("mlp_only_layers") or [])
+        sparse = [i for i in range(layers) if i not in dense and experts > 0 and (i + 1) % step == 0]
+    k = int(hf.num_experts_per_tok)
+    if experts and not 1 <= k <= experts:
+        raise BuildError(f"{spec.architecture}: num_experts_per_tok {k} must be between 1 and the {experts} "
+                         f"experts.")
+    return dict(num_experts=experts, num_experts_per_tok=k, moe_intermediate_size=width, norm_topk_prob=normalize,
+                shared_expert_intermediate_size=shared, moe_layers=sparse)
 
 
 def _gemma_switches(spec: ArchSpec, hf: Any, local_params: dict | None) -> dict[str, Any]:

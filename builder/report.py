@@ -28,6 +28,11 @@ class BuildReport:
     """What the same weights take unquantized, in the engine dtype (= weight_bytes when not quantized)."""
     kv_cache_dtype: str = ""
     """int8 (--kv-cache-dtype int8: int8 values + float32 scales per token and head), or the model dtype."""
+    family: str = ""
+    """The weight-table family (ModelConfig.family), e.g. mixtral."""
+    moe: dict | None = None
+    """Mixture-of-Experts models: num_experts, top_k, renormalised, moe_layers (how many of num_layers),
+    expert_intermediate_size, shared_expert_intermediate_size; None for a dense model."""
 
     def to_dict(self) -> dict:
         return asdict(self)
@@ -46,7 +51,18 @@ class BuildReport:
             f"= {self.kv_tokens:,} tokens",
             f"full-length sequences {self.full_length_sequences:,} (paged: any mix of shorter ones fits)",
             f"build time            {self.build_seconds:.1f} s, peak RSS {self.peak_rss_bytes / gib:.2f} GiB",
+            *self._moe_lines(),
         ]
+
+    def _moe_lines(self) -> list[str]:
+        m = self.moe
+        if not m:
+            return []
+        shared = (f"; a shared expert of {m['shared_expert_intermediate_size']}"
+                  if m["shared_expert_intermediate_size"] else "")
+        return [f"experts ({self.family})  {m['num_experts']} per MoE layer, top-{m['top_k']}"
+                f"{' renormalised' if m['renormalised'] else ''}, {m['expert_intermediate_size']} wide; "
+                f"MoE in {m['moe_layers']} of {m['num_layers']} layers{shared}"]
 
 
 def make_report(cfg: ModelConfig, build: BuildConfig, dtype: str, parameters: int,
@@ -59,4 +75,13 @@ def make_report(cfg: ModelConfig, build: BuildConfig, dtype: str, parameters: in
                        kv_cache_bytes=build.kv_cache_bytes, kv_num_blocks=blocks, kv_tokens=tokens,
                        full_length_sequences=tokens // int(build.max_seq_len or 1), quantization=quantization,
                        weight_bytes_unquantized=weight_bytes_unquantized or weight_bytes,
-                       kv_cache_dtype="int8" if kv_dtype == "int8" else dtype)
+                       kv_cache_dtype="int8" if kv_dtype == "int8" else dtype, family=cfg.family, moe=_moe(cfg))
+
+
+def _moe(cfg: ModelConfig) -> dict | None:
+    if not cfg.num_experts:
+        return None
+    return {"num_experts": cfg.num_experts, "top_k": cfg.num_experts_per_tok, "renormalised": cfg.norm_topk_prob,
+            "moe_layers": sum(cfg.is_moe_layer(i) for i in range(cfg.num_layers)), "num_layers": cfg.num_layers,
+            "expert_intermediate_size": cfg.moe_intermediate_size,
+            "shared_expert_intermediate_size": cfg.shared_expert_intermediate_size}

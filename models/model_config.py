@@ -17,7 +17,8 @@ class ModelConfig:
     architecture: str
     """Hugging Face class name, e.g. `Qwen2ForCausalLM`."""
     family: str
-    """Weight-table family: llama | mistral | qwen2 | qwen3 | phi3 | gemma2 | gemma3 | gpt2."""
+    """Weight-table family: llama | mistral | qwen2 | qwen3 | phi3 | gemma2 | gemma3 | gpt2 | mixtral | qwen2_moe |
+    qwen3_moe."""
     vocab_size: int
     hidden_size: int
     num_layers: int
@@ -82,11 +83,30 @@ class ModelConfig:
     stored as the tensor `rope_local_inv_freq`); None: every layer uses rope_type / rope_theta."""
     rope_local_theta: float | None = None
     rope_local_attention_scaling: float = 1.0
+    # ---- Mixture-of-Experts (models/moe.py; num_experts 0: every layer has the dense MLP) ----
+    num_experts: int = 0
+    """Routed experts of each MoE layer (Mixtral: num_local_experts, Qwen MoE: num_experts); 0: a dense model."""
+    num_experts_per_tok: int = 0
+    """k of the router's top-k: experts each token is sent to."""
+    moe_intermediate_size: int = 0
+    """Intermediate width of one routed expert (Mixtral: intermediate_size; Qwen MoE: moe_intermediate_size)."""
+    norm_topk_prob: bool = True
+    """Renormalise the k selected softmax probabilities to sum to 1 (Mixtral always; Qwen MoE: norm_topk_prob)."""
+    shared_expert_intermediate_size: int = 0
+    """Qwen2-MoE's shared expert (a dense gated MLP every token runs, scaled by sigmoid(shared_expert_gate(x)));
+    0: none."""
+    moe_layers: list[int] | None = None
+    """Indices of the layers with an MoE block (Qwen MoE's decoder_sparse_step / mlp_only_layers leave dense
+    layers, which use intermediate_size); None: every layer, when num_experts > 0."""
     bos_token_id: int | None = None
     eos_token_ids: list[int] = field(default_factory=list)
     pad_token_id: int | None = None
     torch_dtype: str | None = None
     """The checkpoint's stored dtype (what `--dtype auto` resolves to)."""
+
+    def is_moe_layer(self, layer: int) -> bool:
+        """Whether layer `layer` runs the MoE block (models/moe.py) instead of the dense MLP."""
+        return self.num_experts > 0 and (self.moe_layers is None or layer in self.moe_layers)
 
     @property
     def rope_dim(self) -> int:
@@ -105,7 +125,7 @@ class ModelConfig:
                 "sandwich_norm": self.sandwich_norm, "attention_scale": self.attention_scale is not None,
                 "attn_logit_softcapping": self.attn_logit_softcapping,
                 "final_logit_softcapping": self.final_logit_softcapping,
-                "rope_local_type": self.rope_local_type is not None}
+                "rope_local_type": self.rope_local_type is not None, "num_experts": self.num_experts > 0}
         return [name for name, on in used.items() if on]
 
     @property

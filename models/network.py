@@ -1,7 +1,8 @@
 """The one generic decoder, on packed tokens with the paged-KV attention op.
 
-Reads top to bottom like the paper: Attention → MLP → DecoderLayer → CausalLM. Every family
-(Llama, Mistral, Qwen2, Qwen3, Phi-3, Gemma 2, Gemma 3, GPT-2) is this network with different flags
+Reads top to bottom like the paper: Attention → MLP (mlp.py) or SparseMoE (moe.py) → DecoderLayer →
+CausalLM. Every family (Llama, Mistral, Qwen2, Qwen3, Phi-3, Gemma 2, Gemma 3, GPT-2, and the
+Mixture-of-Experts Mixtral, Qwen2-MoE, Qwen3-MoE) is this network with different flags
 (ModelConfig); their weights arrive through the tables in `builder/architectures.py`. The switches
 beyond the Llama-style decoder, each off by default: partial RoPE (`rotary_dim`), RMSNorm with a
 (1 + weight) scale (`norm_weight_offset`), scaled embeddings (`embedding_multiplier`), sandwich norms
@@ -28,19 +29,14 @@ from torch import nn
 
 import trtforge.plugins.paged_attention  # noqa: F401  (registers torch.ops.trtforge.paged_attention)
 from trtforge.models.layers import Layers
+from trtforge.models.mlp import MLP
 from trtforge.models.model_config import ModelConfig
+from trtforge.models.moe import SparseMoE
 from trtforge.models.rope import apply_rotary, rotary_cos_sin
 from trtforge.models.tensor_parallel import TPShard, local_config
 from trtforge.plugins.cpu import fused as cpu_fused
 from trtforge.plugins.paged_attention.metadata import AttentionMetadata
 from trtforge.plugins.paged_attention.op import eager_impl
-
-ACTIVATIONS = {
-    "silu": F.silu,
-    "gelu": F.gelu,
-    "gelu_tanh": lambda x: F.gelu(x, approximate="tanh"),
-    "relu": F.relu,
-}
 
 
 class RMSNorm(nn.Module):
@@ -142,37 +138,15 @@ class Attention(nn.Module):
         return self.o_proj(out.reshape(t, c.q_size))
 
 
-class MLP(nn.Module):
-    def __init__(self, cfg: ModelConfig, layers: Layers):
-        super().__init__()
-        self.gated = cfg.gated_mlp
-        self.act = ACTIVATIONS[cfg.activation]
-        if self.gated:
-            self.gate_up = layers.linear("mlp.gate_up", cfg.hidden_size, 2 * cfg.intermediate_size, cfg.mlp_bias)
-        else:
-            self.up = layers.linear("mlp.up", cfg.hidden_size, cfg.intermediate_size, cfg.mlp_bias)
-        self.down = layers.linear("mlp.down", cfg.intermediate_size, cfg.hidden_size, cfg.mlp_bias)
-        self.fused_silu = layers.fused_ops and self.act is F.silu
-
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        if self.gated:
-            gate_up = self.gate_up(x)  # [T, 2I]
-            h = cpu_fused.silu_mul(gate_up) if self.fused_silu else None  # one C loop
-            if h is None:
-                gate, up = gate_up.chunk(2, dim=-1)  # [T, I] each
-                h = self.act(gate) * up
-            return self.down(h)
-        return self.down(self.act(self.up(x)))
-
-
 class DecoderLayer(nn.Module):
-    def __init__(self, cfg: ModelConfig, layers: Layers, local_rope: bool = False):
+    def __init__(self, cfg: ModelConfig, layers: Layers, local_rope: bool = False, moe: bool = False):
         super().__init__()
         self.input_norm = make_norm(cfg, cfg.hidden_size, layers)
         self.attn = Attention(cfg, layers)
         self.post_attn_norm = make_norm(cfg, cfg.hidden_size, layers)
         """The MLP's input norm (Gemma's pre_feedforward_layernorm; Llama's post_attention_layernorm)."""
-        self.mlp = MLP(cfg, layers)
+        self.mlp = SparseMoE(cfg, layers) if moe else MLP(cfg, layers)
+        """The dense MLP, or (moe: Mixtral, Qwen MoE) the router and its experts (models/moe.py)."""
         self.sandwich = cfg.sandwich_norm
         if self.sandwich:  # Gemma 2/3: the sublayers' outputs are normalised before the residual add
             self.attn_out_norm = make_norm(cfg, cfg.hidden_size, layers)
@@ -230,7 +204,7 @@ class CausalLM(nn.Module):
             if cfg.rope_local_type is not None:  # Gemma 3: the sliding layers' own RoPE
                 self.register_buffer("rope_local_inv_freq", torch.zeros(cfg.rope_dim // 2), persistent=True)
         layer_cfg = cfg if shard is None else local_config(cfg, shard)
-        self.layers = nn.ModuleList(DecoderLayer(layer_cfg, layers, cfg.uses_local_rope(i))
+        self.layers = nn.ModuleList(DecoderLayer(layer_cfg, layers, cfg.uses_local_rope(i), cfg.is_moe_layer(i))
                                     for i in range(cfg.num_layers))
         self._embedding_multipliers: dict[torch.dtype, float] = {}
         self.final_norm = make_norm(cfg, cfg.hidden_size, layers)

@@ -46,8 +46,11 @@ from trtforge.plugins.cpu import quant_linear as ql
 from trtforge.plugins.cpu.linear import onednn_linear
 from trtforge.plugins.cpu.quant_linear import GEMV_MAX_ROWS
 
-QUANTIZED_LAYERS = ("attn.qkv", "attn.o_proj", "mlp.gate_up", "mlp.up", "mlp.down")
-"""Module paths inside a decoder layer whose weights are quantized (those the network has)."""
+QUANTIZED_LAYERS = ("attn.qkv", "attn.o_proj", "mlp.gate_up", "mlp.up", "mlp.down", "mlp.experts.gate_up",
+                    "mlp.experts.down", "mlp.shared_expert.gate_up", "mlp.shared_expert.down")
+"""Module paths inside a decoder layer whose weights are quantized (those the network has). An MoE block's
+experts (`mlp.experts.{e}.gate_up`, named without the expert index here) and shared expert are; its router
+and shared-expert gate stay in the engine dtype (they are [E, H] and [1, H], and they decide the routing)."""
 
 _scratch = threading.local()  # one float32 buffer per thread for prefill's dequantised weights
 
@@ -160,8 +163,16 @@ class QuantEmbedding(nn.Module):
 def quantized_in_features(cfg: ModelConfig) -> dict[str, int]:
     """{layer path: in_features} of the layers --quantization touches, for the build's shape checks."""
     mlp = "mlp.gate_up" if cfg.gated_mlp else "mlp.up"
-    return {"attn.qkv": cfg.hidden_size, "attn.o_proj": cfg.q_size, mlp: cfg.hidden_size,
-            "mlp.down": cfg.intermediate_size}
+    dense = any(not cfg.is_moe_layer(i) for i in range(cfg.num_layers))
+    shapes = {"attn.qkv": cfg.hidden_size, "attn.o_proj": cfg.q_size}
+    if dense:
+        shapes.update({mlp: cfg.hidden_size, "mlp.down": cfg.intermediate_size})
+    if cfg.num_experts:
+        shapes.update({"mlp.experts.gate_up": cfg.hidden_size, "mlp.experts.down": cfg.moe_intermediate_size})
+    if cfg.num_experts and cfg.shared_expert_intermediate_size:
+        shapes.update({"mlp.shared_expert.gate_up": cfg.hidden_size,
+                       "mlp.shared_expert.down": cfg.shared_expert_intermediate_size})
+    return shapes
 
 
 def quantized_head_source(cfg: ModelConfig, quantization: dict[str, Any] | None) -> str | None:
@@ -174,6 +185,16 @@ def quantized_head_source(cfg: ModelConfig, quantization: dict[str, Any] | None)
 
 def is_quantized_weight(name: str) -> bool:
     """Whether converted tensor `name` (e.g. layers.3.attn.qkv.weight) is one --quantization stores packed."""
+    return layer_path(name) in QUANTIZED_LAYERS and name.endswith(".weight")
+
+
+def layer_path(name: str) -> str | None:
+    """The module path inside its decoder layer of converted tensor `name`, an expert's without its index
+    (layers.3.mlp.experts.5.down.weight → mlp.experts.down); None for a tensor outside the layers."""
     parts = name.split(".")
-    return (len(parts) == 5 and parts[0] == "layers" and parts[-1] == "weight"
-            and ".".join(parts[2:4]) in QUANTIZED_LAYERS)
+    if len(parts) < 4 or parts[0] != "layers":
+        return None
+    inner = parts[2:-1]
+    if inner[:2] == ["mlp", "experts"] and len(inner) == 4 and inner[2].isdigit():
+        del inner[2]
+    return ".".join(inner)

@@ -7,6 +7,10 @@
                                the logits are all-gathered (tied models slice the replicated embedding)
     embeddings, norms,         replicated
     positions, rope_inv_freq
+    MoE (models/moe.py)        every expert's gate/up rows and down columns split as the dense MLP's (and the
+                               shared expert's), over their own widths; the router and the shared-expert
+                               gate replicated, so every rank routes every token alike and runs its slice
+                               of the same experts (expert parallelism, whole experts per rank, is not built)
 
 KV heads are split like q heads when there are at least as many as ranks; with fewer (Qwen2-0.5B:
 2 KV heads, MQA: 1), each KV head is replicated on the `tp / Hkv` ranks whose q heads read it, so
@@ -41,6 +45,10 @@ class TPShard:
     vocab: tuple[int, int]
     vocab_per_rank: int
     """⌈V/tp⌉: every rank's logits are padded to this width for the all-gather (the last slice may be shorter)."""
+    expert_intermediate: tuple[int, int] = (0, 0)
+    """MoE: this rank's slice of every routed expert's intermediate features (moe_intermediate_size)."""
+    shared_intermediate: tuple[int, int] = (0, 0)
+    """MoE with a shared expert (Qwen2-MoE): its slice of shared_expert_intermediate_size."""
 
     @property
     def num_heads(self) -> int:
@@ -74,13 +82,18 @@ def check_tensor_parallel(cfg: ModelConfig, tp: int) -> None:
     if cfg.intermediate_size % tp:
         raise BuildError(f"--tp-size {tp} does not divide the MLP's intermediate size "
                          f"{cfg.intermediate_size}.{hint}")
+    for width, what in ((cfg.moe_intermediate_size, "experts' intermediate size (moe_intermediate_size)"),
+                        (cfg.shared_expert_intermediate_size, "shared expert's intermediate size")):
+        if cfg.num_experts and width % tp:
+            raise BuildError(f"--tp-size {tp} does not divide the MoE {what} {width}.{hint}")
     if cfg.vocab_size < tp:
         raise BuildError(f"--tp-size {tp} exceeds the vocabulary ({cfg.vocab_size} tokens).")
 
 
 def _fits(cfg: ModelConfig, tp: int) -> bool:
     hkv = cfg.num_kv_heads
-    return (cfg.num_heads % tp == 0 and cfg.intermediate_size % tp == 0 and cfg.vocab_size >= tp
+    moe = not cfg.num_experts or (cfg.moe_intermediate_size % tp == 0 and cfg.shared_expert_intermediate_size % tp == 0)
+    return (cfg.num_heads % tp == 0 and cfg.intermediate_size % tp == 0 and cfg.vocab_size >= tp and moe
             and ((hkv >= tp and hkv % tp == 0) or (hkv < tp and tp % hkv == 0)))
 
 
@@ -93,14 +106,19 @@ def shard_of(cfg: ModelConfig, tp: int, rank: int) -> TPShard:
         head = rank // (tp // hkv)
         kv = (head, head + 1)
     v_per = -(-vocab // tp)
+    expert, shared = cfg.moe_intermediate_size // tp, cfg.shared_expert_intermediate_size // tp
     return TPShard(rank, tp, (rank * hq, (rank + 1) * hq), kv, (rank * inter, (rank + 1) * inter),
-                   (min(vocab, rank * v_per), min(vocab, (rank + 1) * v_per)), v_per)
+                   (min(vocab, rank * v_per), min(vocab, (rank + 1) * v_per)), v_per,
+                   (rank * expert, (rank + 1) * expert), (rank * shared, (rank + 1) * shared))
 
 
 def local_config(cfg: ModelConfig, shard: TPShard) -> ModelConfig:
     """The decoder layers' config on this rank: its heads, KV heads and MLP slice (hidden size whole)."""
     return dataclasses.replace(cfg, num_heads=shard.num_heads, num_kv_heads=shard.num_kv_heads,
-                               intermediate_size=shard.intermediate[1] - shard.intermediate[0])
+                               intermediate_size=shard.intermediate[1] - shard.intermediate[0],
+                               moe_intermediate_size=shard.expert_intermediate[1] - shard.expert_intermediate[0],
+                               shared_expert_intermediate_size=shard.shared_intermediate[1]
+                               - shard.shared_intermediate[0])
 
 
 def mapping(cfg: ModelConfig, tp: int) -> dict[str, Any]:
@@ -109,10 +127,14 @@ def mapping(cfg: ModelConfig, tp: int) -> dict[str, Any]:
     for r in range(tp):
         s = shard_of(cfg, tp, r)
         ranks.append({"file": f"rank{r}.safetensors", "q_heads": list(s.q_heads), "kv_heads": list(s.kv_heads),
-                      "intermediate": list(s.intermediate), "vocab": list(s.vocab)})
+                      "intermediate": list(s.intermediate), "vocab": list(s.vocab),
+                      **({"expert_intermediate": list(s.expert_intermediate)} if cfg.num_experts else {}),
+                      **({"shared_expert_intermediate": list(s.shared_intermediate)}
+                         if cfg.shared_expert_intermediate_size else {})})
     return {"scheme": "megatron", "embeddings": "replicated", "lm_head": "vocab-parallel (all-gather)",
             "row_parallel_bias": "rank 0", "kv_heads_replicated": cfg.num_kv_heads < tp,
-            "vocab_per_rank": -(-cfg.vocab_size // tp), "ranks": ranks}
+            "vocab_per_rank": -(-cfg.vocab_size // tp), "ranks": ranks,
+            **({"experts": "each expert's columns split (as the MLP's); router replicated"} if cfg.num_experts else {})}
 
 
 def _rows(t: torch.Tensor, parts: list[tuple[int, int]]) -> torch.Tensor:
@@ -124,6 +146,8 @@ def shard_tensor(name: str, t: torch.Tensor, cfg: ModelConfig,  # noqa: PLR0911 
     """Rank `shard.rank`'s part of our (unsharded, combined) tensor `name` (models/network.py's names)."""
     d, inter = cfg.head_dim, cfg.intermediate_size
     (q0, q1), (k0, k1), (i0, i1) = shard.q_heads, shard.kv_heads, shard.intermediate
+    if ".mlp.experts." in name or ".mlp.shared_expert." in name:  # MoE: gate|up rows and down columns
+        return _shard_expert(name, t, cfg, shard)
     if ".attn.qkv." in name:  # rows: q heads | k heads | v heads (llama's concat and GPT-2's c_attn alike)
         q, kv = cfg.q_size, cfg.kv_size
         return _rows(t, [(q0 * d, q1 * d), (q + k0 * d, q + k1 * d), (q + kv + k0 * d, q + kv + k1 * d)])
@@ -140,3 +164,15 @@ def shard_tensor(name: str, t: torch.Tensor, cfg: ModelConfig,  # noqa: PLR0911 
     if name == "lm_head.weight":
         return t[shard.vocab[0]:shard.vocab[1]]
     return t  # embeddings, positions, norms, q/k norms, rope_inv_freq: replicated
+
+
+def _shard_expert(name: str, t: torch.Tensor, cfg: ModelConfig, shard: TPShard) -> torch.Tensor:
+    """A routed or shared expert's part on this rank: gate|up rows, down columns of its own width."""
+    routed = ".mlp.experts." in name
+    width = cfg.moe_intermediate_size if routed else cfg.shared_expert_intermediate_size
+    i0, i1 = shard.expert_intermediate if routed else shard.shared_intermediate
+    if ".gate_up." in name:
+        return _rows(t, [(i0, i1), (width + i0, width + i1)])
+    if name.endswith(".down.weight"):
+        return t[:, i0:i1]
+    raise ValueError(f"no tensor-parallel split for {name!r}")

@@ -122,6 +122,11 @@ def export_onnx(model: nn.Module, out_path: str | Path, *, block_size: int) -> P
         raise BuildError(f"{cfg.architecture} soft-caps its attention scores (attn_logit_softcapping "
                          f"{cfg.attn_logit_softcapping}), which the ONNX PagedAttention node and the TensorRT "
                          f"plugin do not take: export and --backend tensorrt are refused; use --backend torch.")
+    if cfg.num_experts:
+        raise BuildError(f"{cfg.architecture} is a Mixture-of-Experts model ({cfg.num_experts} experts, top-"
+                         f"{cfg.num_experts_per_tok}): its routing (experts grouped by the tokens that chose them) "
+                         f"is not exported to ONNX / TensorRT; export and --backend tensorrt are refused; use "
+                         f"--backend torch.")
     out_path = Path(out_path)
     dtype = next(model.parameters()).dtype
     args = example_inputs(cfg.num_layers, cfg.num_kv_heads, cfg.head_dim, block_size, dtype)

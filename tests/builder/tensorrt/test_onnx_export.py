@@ -133,3 +133,19 @@ def test_new_families_export_or_are_refused_by_name(variant, tmp_path):
     assert result.exit_code == 0, result.output
     result = CliRunner().invoke(verify_onnx_cmd, [str(tmp_path / "onnx")])
     assert result.exit_code == 0 and "-> OK" in result.output, result.output
+
+
+@pytest.mark.parametrize("variant", ["mixtral", "qwen2_moe"])
+def test_moe_export_is_refused_by_name(variant, tmp_path):
+    """A Mixture-of-Experts engine (torch backend) is not exported: its grouped routing is not in the graph."""
+    from tests.builder.moe_checkpoints import make_moe_checkpoint
+    from trtforge.builder.build import build_engine
+    from trtforge.builder.build_config import BuildConfig
+
+    ckpt = make_moe_checkpoint(tmp_path / "ckpt", variant)
+    engine, _ = build_engine(str(ckpt), tmp_path / "engine", BuildConfig(
+        dtype="float32", max_batch_size=4, max_num_tokens=64, max_seq_len=64, kv_block_size=4,
+        kv_cache_memory="1MiB"), progress=False)
+    result = CliRunner().invoke(export_onnx_cmd, [str(engine), str(tmp_path / "onnx")])
+    assert result.exit_code != 0 and "is a Mixture-of-Experts model" in result.output, result.output
+    assert not (tmp_path / "onnx" / "rank0.onnx").exists()
