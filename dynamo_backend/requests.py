@@ -8,6 +8,7 @@ name (ValueError → the request alone fails with InvalidArgument), never ignore
 
 from __future__ import annotations
 
+import json
 import math
 from typing import Any
 
@@ -17,7 +18,7 @@ _SAMPLING = {"temperature": float, "top_p": float, "top_k": int, "min_p": float,
              "repetition_penalty": float, "presence_penalty": float, "frequency_penalty": float}
 """sampling_options keys that map one to one onto SamplingParams fields."""
 _IGNORED_SAMPLING = {"n": 1, "best_of": 1, "use_beam_search": False, "length_penalty": 1.0,
-                     "include_stop_str_in_output": None, "guided_decoding": None}
+                     "include_stop_str_in_output": None}
 """sampling_options keys we accept only at their neutral value (anything else is refused)."""
 MAX_PROMPT_TOKENS = 1 << 20
 """Longest token list read from a request (the engine then checks max_seq_len)."""
@@ -56,13 +57,47 @@ def _sampling_fields(sampling: dict[str, Any]) -> dict[str, Any]:
             continue
         if key in _SAMPLING:
             fields[key] = _number(key, value, _SAMPLING[key])
+        elif key == "guided_decoding":
+            kind, guide = guided_decoding(value)
+            fields["guided_decoding_guide_type"], fields["guided_decoding_guide"] = kind, guide
         elif key in _IGNORED_SAMPLING:
             neutral = _IGNORED_SAMPLING[key]
             if neutral is not None and value != neutral:
                 raise ValueError(f"{key}={value!r} is not supported by this worker (send {neutral!r})")
-            if key == "guided_decoding" and value:
-                raise ValueError("guided_decoding is not supported by this worker yet")
     return fields
+
+
+_GUIDE_KEYS = ("json", "regex", "choice", "grammar", "structural_tag", "json_object")
+
+
+def guided_decoding(spec: Any) -> tuple[str, str | None]:
+    """Dynamo's guided_decoding (vLLM's shape: exactly one of json, regex, choice, grammar,
+    structural_tag) → our (guided_decoding_guide_type, guided_decoding_guide); the engine compiles
+    it at admission (a grammar that cannot compile fails this request alone)."""
+    if not isinstance(spec, dict):
+        raise ValueError("guided_decoding must be an object")
+    given = [k for k in _GUIDE_KEYS if spec.get(k) not in (None, False, [])]
+    unknown = sorted(k for k, v in spec.items() if v is not None and k not in (*_GUIDE_KEYS, "backend"))
+    if unknown:
+        raise ValueError(f"guided_decoding: {', '.join(unknown)} not supported by this worker")
+    if spec.get("backend") not in (None, "xgrammar", "auto"):
+        raise ValueError(f"guided_decoding.backend={spec['backend']!r}: this worker uses xgrammar")
+    if len(given) != 1:
+        raise ValueError(f"guided_decoding takes exactly one of {', '.join(_GUIDE_KEYS)} (got {given or 'none'})")
+    key, value = given[0], spec[given[0]]
+    if key == "json_object":
+        return "json", None
+    if key in ("json", "structural_tag"):
+        text = value if isinstance(value, str) else json.dumps(value)
+        return ("json_schema" if key == "json" else "structural_tag"), text
+    if key == "choice":
+        if not isinstance(value, list) or not all(isinstance(c, str) and c for c in value):
+            raise ValueError("guided_decoding.choice must be a list of non-empty strings")
+        # Each alternative a string literal, escaped as JSON escapes strings (xgrammar's EBNF reads them so).
+        return "ebnf_grammar", "root ::= " + " | ".join(json.dumps(c, ensure_ascii=False) for c in value)
+    if not isinstance(value, str):
+        raise ValueError(f"guided_decoding.{key} must be a string")
+    return ("regex" if key == "regex" else "ebnf_grammar"), value
 
 
 def _stop_fields(stop: dict[str, Any], default_max_tokens: int) -> dict[str, Any]:

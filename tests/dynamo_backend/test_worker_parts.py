@@ -50,7 +50,6 @@ def test_dynamo_requests_map_onto_sampling_params():
     ({"token_ids": [1], "sampling_options": {"repetition_penalty": -1.0}}, "repetition_penalty"),
     ({"token_ids": [1], "stop_conditions": {"max_tokens": 0}}, "max_tokens"),
     ({"token_ids": [1], "stop_conditions": {"stop_token_ids": [1.5]}}, "stop_token_ids"),
-    ({"token_ids": [1], "sampling_options": {"guided_decoding": {"json": {}}}}, "guided_decoding"),
     ({"token_ids": [1], "sampling_options": []}, "must be objects"),
     ({"token_ids": [1], "cache_salt": 5}, "cache_salt"),
 ])
@@ -158,3 +157,28 @@ def test_a_prefill_result_gives_the_handle_or_the_finished_token():
     done = parse_prefill_result({"prefill_result": {"disaggregated_params": {
         "trtforge_finished": {"token": 4, "reason": "stop"}}}}, [1, 2, 3], vocab_size=100)
     assert done == FinishedAtPrefill(4, "stop")
+
+
+@pytest.mark.parametrize(("spec", "expected"), [
+    ({"json": {"type": "object"}}, ("json_schema", '{"type": "object"}')),
+    ({"regex": "[0-9]+", "backend": "xgrammar"}, ("regex", "[0-9]+")),
+    ({"choice": ["yes", 'n"o']}, ("ebnf_grammar", 'root ::= "yes" | "n\\"o"')),
+    ({"grammar": "root ::= \"a\""}, ("ebnf_grammar", 'root ::= "a"')),
+    ({"json_object": True}, ("json", None)),
+])
+def test_dynamo_guided_decoding_maps_onto_our_guides(spec, expected):
+    params = sampling_params({"token_ids": [1], "sampling_options": {"guided_decoding": spec}}, default_max_tokens=4)
+    assert (params.guided_decoding_guide_type, params.guided_decoding_guide) == expected
+
+
+@pytest.mark.parametrize(("spec", "message"), [
+    ({"regex": "a", "choice": ["b"]}, "exactly one"),
+    ({}, "exactly one"),
+    ({"regex": "a", "whitespace_pattern": " "}, "whitespace_pattern not supported"),
+    ({"regex": "a", "backend": "outlines"}, "uses xgrammar"),
+    ({"choice": ["", "x"]}, "non-empty strings"),
+    ("regex", "must be an object"),
+])
+def test_bad_guided_decoding_is_refused_by_name(spec, message):
+    with pytest.raises(ValueError, match=message):
+        sampling_params({"token_ids": [1], "sampling_options": {"guided_decoding": spec}}, default_max_tokens=4)

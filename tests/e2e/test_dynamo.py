@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import asyncio
 import os
+import re
 import signal
 import time
 from concurrent.futures import ThreadPoolExecutor
@@ -122,6 +123,14 @@ def test_openai_sdk_completions_and_streams_equal_trtforge_generate(fleet):
     chat = client.chat.completions.create(model=MODEL, messages=[{"role": "user", "content": "hi"}],
                                           max_tokens=4, temperature=0)
     assert chat.choices[0].finish_reason in ("length", "stop") and chat.usage.completion_tokens >= 1
+    # Structured output through Dynamo's guided_decoding (random weights, sampled: only the
+    # grammar keeps these valid).
+    for extra, valid in [({"guided_regex": "[0-9]{3}"}, lambda t: re.fullmatch("[0-9]{3}", t)),
+                         ({"guided_choice": ["yes", "no"]}, lambda t: t in ("yes", "no"))]:
+        for seed in range(3):
+            text = client.completions.create(model=MODEL, prompt="pick", max_tokens=10, temperature=1.0,
+                                             seed=seed, extra_body=extra).choices[0].text
+            assert valid(text), (extra, text)
     # Concurrent requests across both workers: each still the engine's own text.
     with ThreadPoolExecutor(16) as pool:
         texts = list(pool.map(lambda i: _complete(client, PROMPTS[i % 4]), range(32)))
