@@ -14,6 +14,7 @@ RuntimeConfig and the same LLMEngine:
     publish.py      the prefix cache's KV events (serving/core/kv_events.py) and load snapshots
                     → Dynamo's KV event publisher, which feeds the KV-aware router
     model_card.py   the folder the frontend reads (config.json + the engine's tokenizer files)
+    disagg.py       prefill/decode roles: our signed KV handle as Dynamo's disaggregated_params
 
 `dynamo` is an optional dependency (`pip install trtforge[dynamo]`, then `pip install --no-deps
 ai-dynamo`: docs/scale-out.md); nothing outside this package and `trtforge dynamo-worker`
