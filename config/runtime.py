@@ -1,4 +1,5 @@
-"""How an engine *runs*: device, KV memory, CUDA graphs, the disaggregated phase and its KV connector.
+"""How an engine *runs*: device, KV memory, CUDA graphs, the disaggregated phase and its KV connector,
+speculative decoding.
 
 Apart from what the model is (models/model_config.py), how it was built (builder/build_config.py)
 and how its requests are scheduled (scheduler.py). One documented dataclass: the string under each
@@ -15,6 +16,7 @@ from typing import Any, ClassVar, get_type_hints
 from urllib.parse import urlsplit
 
 from trtforge.config.fields import field_docs, parse_bytes, parse_text
+from trtforge.config.speculative import SpeculativeConfig
 
 
 class Phase(str, enum.Enum):
@@ -120,6 +122,10 @@ class RuntimeConfig:
     handoff_timeout_s: float = 30.0
     """Context phase: seconds a handed-over prefill's KV waits for the generation side before it
     is freed."""
+    speculative_config: SpeculativeConfig | str | None = None
+    """Speculative decoding, vLLM's JSON object, e.g. {"method": "ngram", "num_speculative_tokens":
+    4, "prompt_lookup_max": 4, "prompt_lookup_min": 2} (docs/speculative-decoding.md; read into a
+    SpeculativeConfig). None: one token per decode step."""
 
     CHOICES: ClassVar[dict[str, tuple[str, ...]]] = {"phase": tuple(p.value for p in Phase)}
 
@@ -135,6 +141,7 @@ class RuntimeConfig:
             parse_listen_address(self.kv_connector)  # ValueError naming a bad address
         if self.kv_peers:
             parse_peers(self.kv_peers)
+        object.__setattr__(self, "speculative_config", SpeculativeConfig.parse(self.speculative_config))
         if not self.handoff_timeout_s > 0:
             raise ValueError(f"handoff_timeout_s={self.handoff_timeout_s} is invalid: must be > 0")
 

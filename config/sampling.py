@@ -147,6 +147,11 @@ class SamplingParams:
     """The constraint's text: the JSON Schema (json_schema), the regular expression (regex), the
     grammar (ebnf_grammar) or the structural tag (structural_tag); none for json. At most 64 KiB."""
 
+    speculative: bool = True
+    """Let an engine that speculates (RuntimeConfig.speculative_config) propose and verify draft
+    tokens for this request; false: one token per step for it (the output is the same for greedy
+    requests either way, and equally distributed for sampled ones)."""
+
     @property
     def is_guided(self) -> bool:
         """True when a grammar constrains the output (structured output)."""

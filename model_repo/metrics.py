@@ -38,6 +38,13 @@ _FAMILIES = [
      "max_queued_tokens).", "COUNTER"),
     ("requests_timed_out_total", "trtforge_requests_timed_out_total",
      "Requests aborted because they passed their deadline (timeout_s).", "COUNTER"),
+    # Speculative decoding (speculative_config; 0 without it), vLLM's spec_decode counters.
+    ("spec_decode_num_drafts", "trtforge_spec_decode_num_drafts_total",
+     "Verification steps of sequences that carried draft tokens.", "COUNTER"),
+    ("spec_decode_num_draft_tokens", "trtforge_spec_decode_num_draft_tokens_total",
+     "Draft tokens proposed and verified.", "COUNTER"),
+    ("spec_decode_num_accepted_tokens", "trtforge_spec_decode_num_accepted_tokens_total",
+     "Draft tokens accepted (each saves one decode step).", "COUNTER"),
     # Disaggregated serving (context and generation models; 0 on a co-located model).
     ("kv_handoffs_total", "trtforge_kv_handoffs_total",
      "KV handoffs done: taken by a generation model (context model), imported (generation model).",

@@ -10,9 +10,13 @@ benchmarks alike.
                     Sampler ──▶ Scheduler.update ──▶ detokenize + stop check ──▶ RequestOutput
                         (context phase: the first token ends it, connector.save_kv → kv_handle)
 
-How it runs (device, KV memory, phase and KV connector) is its RuntimeConfig; how it schedules,
-its SchedulerConfig. A disaggregated engine (phase context or generation) moves KV through one
-KVConnector, whose hooks are the only KV-transfer code here.
+How it runs (device, KV memory, phase and KV connector, speculative decoding) is its RuntimeConfig;
+how it schedules, its SchedulerConfig. With speculative decoding the same loop runs: before
+schedule() the proposer drafts tokens for the running decodes (serving/spec_decode/), the step
+verifies them, and each request's committed tokens — one or several — go through detokenizer and
+stop checks one by one, so a stop inside the accepted drafts ends the request there. A
+disaggregated engine (phase context or generation) moves KV through one KVConnector, whose hooks
+are the only KV-transfer code here.
 """
 
 from __future__ import annotations
@@ -39,6 +43,8 @@ from trtforge.serving.detokenizer import IncrementalDetokenizer
 from trtforge.serving.kv_connector import KVConnector, KVHandle, make_connector
 from trtforge.serving.outputs import FinishReason, RequestMetrics, RequestOutput
 from trtforge.serving.sampler import Sampler, SamplingState
+from trtforge.serving.spec_decode.controller import SpecDecodeController
+from trtforge.serving.spec_decode.step import sample_step
 from trtforge.serving.stop_checker import StopChecker
 from trtforge.serving.structured_output import GrammarCompiler
 from trtforge.serving.worker.cuda_graphs import DEFAULT_BATCH_SIZES
@@ -94,6 +100,12 @@ class EngineStats:
     """Context: handoffs freed because no generation side took them before their deadline."""
     kv_handoff_blocks_held: int = 0
     """Context: staging blocks held by handoffs not yet taken."""
+    spec_decode_num_drafts: int = 0
+    """Speculative decoding: verifications (decode steps of a request that carried drafts)."""
+    spec_decode_num_draft_tokens: int = 0
+    """Speculative decoding: draft tokens proposed and verified since start."""
+    spec_decode_num_accepted_tokens: int = 0
+    """Speculative decoding: of those, accepted (committed without a target step of their own)."""
 
     @property
     def prefix_cache_hit_rate(self) -> float:
@@ -121,6 +133,10 @@ class _Request:
     """The scheduler's Sequence of this request (read only here: its prefix-cache hit)."""
     num_cached_tokens: int | None = None
     """Prompt tokens served from the prefix cache, taken at the first scheduling (None before)."""
+    num_draft_tokens: int = 0
+    """Speculative decoding: draft tokens verified for this request."""
+    num_accepted_tokens: int = 0
+    """Of those, accepted."""
 
 
 def num_kv_blocks(cfg: EngineConfig, kv_cache_memory: str | int | None) -> int:
@@ -132,6 +148,22 @@ def num_kv_blocks(cfg: EngineConfig, kv_cache_memory: str | int | None) -> int:
 _RUNTIME_FIELDS = frozenset(f.name for f in dataclasses.fields(RuntimeConfig))
 
 
+def check_speculation(cfg: EngineConfig, runtime: RuntimeConfig) -> None:
+    """Refuse, by name, the combinations speculative decoding does not support (never ignored)."""
+    if runtime.speculative_config is None:
+        return
+    where = None
+    if cfg.tp_size > 1:
+        where = f"a tensor-parallel engine (tp_size={cfg.tp_size})"
+    elif cfg.backend != "torch":
+        where = f"the {cfg.backend} backend (its plan scores one token per sequence)"
+    elif runtime.phase is Phase.CONTEXT:
+        where = "the context phase (it computes the prompt and one token: there is nothing to speculate)"
+    if where is not None:
+        raise ValueError(f"speculative decoding ({runtime.speculative_config.method}) is not supported with "
+                         f"{where}: run without speculative_config")
+
+
 class LLMEngine:
     """Requests in (add_request, add_handoff), one step() at a time, RequestOutputs out."""
 
@@ -139,6 +171,7 @@ class LLMEngine:
                  tokenizer: Any, scheduler_config: SchedulerConfig):
         """`executor` runs `engine_config`'s network over scheduler_config.num_blocks KV blocks;
         `runtime.phase` other than both also opens the phase's KV connector over its pools."""
+        check_speculation(engine_config, runtime)
         self.engine_config = engine_config
         self.runtime = runtime
         self.phase = runtime.phase
@@ -162,6 +195,10 @@ class LLMEngine:
         self.requests_timed_out_total = 0
         self._deadlines: dict[str, float] = {}  # request id -> monotonic time it times out
         self._grammars: GrammarCompiler | None = None  # built by the first structured-output request
+        self.spec: SpecDecodeController | None = None
+        """Speculative decoding's proposer and adaptive rule (None: one token per decode step)."""
+        if runtime.speculative_config is not None:
+            self.spec = SpecDecodeController(runtime.speculative_config)
 
     @classmethod
     def from_engine_dir(cls, path: str | Path, runtime: RuntimeConfig | None = None,
@@ -175,6 +212,7 @@ class LLMEngine:
             raise TypeError(f"{misplaced} are runtime options, not scheduler ones: pass "
                             f"runtime=RuntimeConfig({misplaced[0]}=...)")
         cfg = read_engine_config(path, verify_checksums=runtime.verify_checksums)
+        check_speculation(cfg, runtime)  # before any executor (or tensor-parallel rank) starts
         blocks = num_kv_blocks(cfg, runtime.kv_cache_memory)
         sched = SchedulerConfig.for_engine(cfg.build, cfg.scheduling, blocks, scheduler_overrides)
         graph_sizes: tuple[int, ...] = ()
@@ -321,7 +359,7 @@ class LLMEngine:
         self._expire_deadlines()  # before schedule(): a timed-out request is never scheduled
         self.poll()
         outputs, self._pending = self._pending, []
-        sched = self.scheduler.schedule()
+        sched = self.scheduler.schedule(self._propose()) if self.spec is not None else self.scheduler.schedule()
         if sched.kv_imports:
             self._load_kv(sched)
         if sched.is_empty:
@@ -345,9 +383,25 @@ class LLMEngine:
             self.abort(rid, FinishReason.ERROR, f"request {rid} failed: {error}")
         self.scheduler.update(sched, sampled)  # skips the aborted ones
         done = time.monotonic()
-        for rid, token in sampled.items():
-            outputs.append(self._on_token_or_fail(self._requests[rid], token, logprobs.get(rid), done))
+        for rid, tokens in sampled.items():
+            req, lps = self._requests[rid], logprobs.get(rid)
+            for j, token in enumerate(tokens):  # committed tokens one by one: a stop ends it there
+                out = self._on_token_or_fail(req, token, lps[j] if lps else None, done)
+                outputs.append(out)
+                if out.finished:
+                    break
         return outputs + self._drain_pending()
+
+    def _propose(self) -> dict[str, list[int]]:
+        """Speculative decoding: drafts for the running decodes that may speculate."""
+        candidates = []
+        for rid in self.scheduler.decode_candidates():
+            req = self._requests[rid]
+            state = req.sampling
+            if state.params.speculative and state.grammar is None:
+                left = req.seq.max_tokens - len(state.output_token_ids)
+                candidates.append((rid, state.prompt_token_ids, state.output_token_ids, left))
+        return self.spec.propose(candidates) if candidates else {}
 
     def _on_token_or_fail(self, req: _Request, token: int, logprob: Logprob | None,
                           now: float) -> RequestOutput:
@@ -397,18 +451,28 @@ class LLMEngine:
         out, self._pending = self._pending, []
         return out
 
-    def _execute(self, sched: SchedulerOutput) -> tuple[dict[str, int], dict[str, Logprob], dict[str, str]]:
-        """Run the batch and sample: {request id: token}, where requested {request id: logprob},
-        and {request id: error} for the requests the sampler could not serve (they get no token)."""
+    def _execute(self, sched: SchedulerOutput) -> tuple[dict[str, list[int]], dict[str, list[Logprob]],
+                                                        dict[str, str]]:
+        """Run the batch and sample: {request id: its committed tokens} (one, or a verification's
+        accepted drafts + one), where requested {request id: their logprobs}, and {request id:
+        error} for the requests the sampler could not serve (they get no token)."""
         inputs = prepare_inputs(sched, self.scheduler_config.block_size, self.executor.device)
         logits = self.executor.execute(inputs)  # always: a non-sampling prefill chunk still writes KV
         if not inputs.sample_seq_ids:
             return {}, {}, {}
         ids = inputs.sample_seq_ids
+        if any(n > 1 for n in inputs.sample_num_rows):  # a speculative verification is in the batch
+            step = sample_step(self.sampler, logits, inputs, sched, {i: self._requests[i].sampling for i in ids})
+            for rid, (proposed, accepted) in step.drafts.items():
+                self.spec.record(rid, proposed, accepted)
+                req = self._requests[rid]
+                req.num_draft_tokens += proposed
+                req.num_accepted_tokens += accepted
+            return step.tokens, step.logprobs, step.failed
         result = self.sampler.sample(logits, [self._requests[i].sampling for i in ids])
         failed = {ids[row]: error for row, error in result.errors.items()}
-        sampled = {i: t for i, t in zip(ids, result.token_ids) if i not in failed}
-        logprobs = {i: (lp, top) for i, lp, top in zip(ids, result.logprobs, result.top_logprobs)
+        sampled = {i: [t] for i, t in zip(ids, result.token_ids) if i not in failed}
+        logprobs = {i: [(lp, top)] for i, lp, top in zip(ids, result.logprobs, result.top_logprobs)
                     if lp is not None and i not in failed}
         return sampled, logprobs, failed
 
@@ -439,7 +503,9 @@ class LLMEngine:
                                  num_prompt_tokens=req.num_prompt_tokens, metrics=m, logprobs=lps,
                                  top_logprobs=tops,
                                  cum_logprob=req.cum_logprob if logprob is not None else None,
-                                 num_cached_tokens=req.num_cached_tokens or 0)
+                                 num_cached_tokens=req.num_cached_tokens or 0,
+                                 num_draft_tokens=req.num_draft_tokens,
+                                 num_accepted_tokens=req.num_accepted_tokens)
         if not isinstance(req.stop.stop_reason, str):  # not cut at a stop string: flush the tail
             text += req.stop.release(req.detok.flush())
         self.scheduler.finish(req.request_id, _STATUS[reason])
@@ -471,6 +537,8 @@ class LLMEngine:
         if self.connector is not None:  # hook (c): e.g. a handoff never imported is released
             self.connector.request_finished(req.kv_handle)
             req.kv_handle = None
+        if self.spec is not None:
+            self.spec.forget(req.request_id)
         req.metrics.finished_time = time.monotonic()
         req.text += text
         del self._requests[req.request_id]
@@ -482,7 +550,8 @@ class LLMEngine:
             logprobs=logprobs, top_logprobs=top_logprobs,
             cum_logprob=req.cum_logprob if req.sampling.params.logprobs is not None else None,
             error=error, stop_reason=req.stop.stop_reason, kv_handle=kv_handle,
-            num_cached_tokens=req.num_cached_tokens or 0)
+            num_cached_tokens=req.num_cached_tokens or 0, num_draft_tokens=req.num_draft_tokens,
+            num_accepted_tokens=req.num_accepted_tokens)
 
     # ---- conveniences -----------------------------------------------------------------------
     def generate(self, prompts: Iterable[str | list[int]],
@@ -545,6 +614,11 @@ class LLMEngine:
             num_preemptions=sched.num_preemptions, prefix_cache_queried_tokens=kv.num_queried_tokens,
             prefix_cache_hit_tokens=kv.num_hit_tokens, requests_refused_total=self.requests_refused_total,
             requests_timed_out_total=self.requests_timed_out_total)
+        if self.spec is not None:
+            spec = self.spec.stats
+            stats.spec_decode_num_drafts = spec.num_drafts
+            stats.spec_decode_num_draft_tokens = spec.num_draft_tokens
+            stats.spec_decode_num_accepted_tokens = spec.num_accepted_tokens
         if self.connector is not None:
             handoffs = self.connector.stats()
             stats.kv_handoffs_total = handoffs.handoffs

@@ -82,6 +82,11 @@ class RequestOutput:
     recomputed; at most num_prompt_tokens - 1, as the last prompt token is always computed). 0
     before it was scheduled, without prefix caching, and in the generation phase (its prompt KV
     was handed over: the context phase's output says how much of it was cached)."""
+    num_draft_tokens: int = 0
+    """Speculative decoding: draft tokens verified for this request so far (0 without it)."""
+    num_accepted_tokens: int = 0
+    """Of those, accepted: tokens that cost no target step of their own (acceptance rate =
+    num_accepted_tokens / num_draft_tokens)."""
     kv_handle: Any = None
     """Context phase only (finish_reason handoff): the KVHandle the generation phase continues
     from."""

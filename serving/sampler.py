@@ -120,6 +120,17 @@ class SamplingState:
             self._checked = (vocab_size, error)
         return self._checked[1]
 
+    def extended(self, tokens: list[int]) -> SamplingState:
+        """This request as the sampler sees it after `tokens` more outputs: what a speculative
+        verification scores each draft position with, so penalties, bad words and min_tokens apply
+        as if decoded one by one. Same parameters and seed; no grammar (a guided request does not
+        speculate) and no generator of its own (the verifier draws from this state's)."""
+        view = SamplingState(params=self.params, prompt_token_ids=self.prompt_token_ids,
+                             output_token_ids=self.output_token_ids + list(tokens),
+                             eos_token_ids=self.eos_token_ids, seed=self.seed)
+        view._checked = self._checked
+        return view
+
     @property
     def min_tokens_pending(self) -> bool:
         """True while fewer than ``min_tokens`` tokens have been generated."""
@@ -404,6 +415,15 @@ def _top_k_top_p(logits: torch.Tensor, top_k: torch.Tensor, top_p: torch.Tensor)
     outside[:, -1] = False
     sorted_logits = sorted_logits.masked_fill(outside, _NEG_INF)
     return torch.empty_like(logits).scatter_(1, order, sorted_logits)
+
+
+def token_logprobs(logits: torch.Tensor, token_ids: list[int], states: list[SamplingState]) -> SamplerOutput:
+    """The output for tokens already chosen, one per row of raw ``logits`` [N, V]: their raw-model
+    logprobs and top alternatives where ``states`` ask (speculative decoding's committed tokens)."""
+    raw = None
+    if any(s.params.logprobs is not None for s in states):
+        raw = torch.log_softmax(logits.float(), dim=-1)
+    return _make_output(torch.tensor(token_ids, dtype=torch.long, device=logits.device), raw, states)
 
 
 def _make_output(token_ids: torch.Tensor, raw_logprobs: torch.Tensor | None,

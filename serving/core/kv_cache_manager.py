@@ -235,6 +235,19 @@ class KVCacheManager:
                 self.events.stored(chain.key, parent if i else None, tokens[i * bs:(i + 1) * bs],
                                    seq.cache_salt)
 
+    def rollback(self, seq: Sequence) -> None:
+        """Speculative decoding: shrink `seq`'s table to its computed tokens after rejected drafts
+        (their slots held K/V of tokens that are not the sequence's); the blocks left holding only
+        such slots are released. Those blocks were never full of computed tokens, so never cached."""
+        keep = self.blocks_for(seq.num_computed_tokens)
+        if len(seq.block_table) <= keep:
+            return
+        dropped = seq.block_table[keep:]
+        if any(self.pool.block_hash[b] is not None for b in dropped):
+            raise KVCacheInvariantError(f"sequence {seq.seq_id}: a rolled-back block is in the prefix cache")
+        del seq.block_table[keep:]
+        self.pool.release(reversed(dropped))
+
     def free(self, seq: Sequence) -> None:
         """Release all of `seq`'s blocks (cached ones stay revivable) and empty its table."""
         self.pool.release(reversed(seq.block_table))

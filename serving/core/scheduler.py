@@ -13,6 +13,14 @@ The scheduler knows ids, counts and block tables, never tensors. Each iteration:
    fcfs a request that does not fit stops admission (no overtaking: a long prompt is never starved
    by short ones arriving behind it). Nothing is admitted in an iteration that had to preempt.
 
+Speculative decoding: `schedule(drafts)` gives a decode with drafts one chunk of 1 + k tokens (its
+last token, then the drafts), taken from the same token budget, after the plain decode token of
+every running decode is reserved; k is capped so that accepting all of them stays within
+max_tokens, and the drafts are dropped rather than preempting anyone for their KV. `update` then
+commits the accepted drafts plus one token and rolls the table back to the computed tokens: the
+rejected drafts' slots are forgotten and a block holding only them is freed. Only computed
+(committed) tokens ever reach the prefix cache.
+
 Under guaranteed_no_evict a request is admitted only when its whole KV need (prompt + max_tokens)
 fits in the free blocks not already promised to running sequences, so a running sequence always
 finds its next block and nothing is ever preempted.
@@ -60,6 +68,9 @@ class ScheduledChunk:
     block_table: list[int]
     """A copy of the sequence's block table, covering at least start + num_tokens positions: where
     the new K/V go (slot mapping) and where attention reads the earlier ones."""
+    num_draft_tokens: int = 0
+    """Speculative decoding: the last num_draft_tokens of token_ids are proposed drafts to verify
+    (a decode of 1 + num_draft_tokens tokens; the executor returns logits at every one of them)."""
 
 
 @dataclass
@@ -211,15 +222,20 @@ class Scheduler:
         return min(cfg.max_num_tokens, cfg.prefill_max_tokens or cfg.max_num_tokens)
 
     # ---- one iteration ----------------------------------------------------------------------
-    def schedule(self) -> SchedulerOutput:
-        """Build the next batch (decodes first, then prefill chunks); allocates their KV blocks."""
+    def decode_candidates(self) -> list[SeqId]:
+        """Running sequences whose next chunk is a decode (those that may get drafts), oldest first."""
+        return [seq.seq_id for seq in self._running if self._is_decode(seq)]
+
+    def schedule(self, drafts: dict[SeqId, list[int]] | None = None) -> SchedulerOutput:
+        """Build the next batch (decodes first, then prefill chunks); allocates their KV blocks.
+        `drafts`: speculative decoding's proposed tokens of some running decodes (others ignored)."""
         self._check_running_not_done()
         cfg = self.config
         budget = _Budget(cfg.max_num_tokens, self._prefill_token_cap(), cfg.prefill_max_seqs)
         decodes: list[ScheduledChunk] = []
         prefills: list[ScheduledChunk] = []
         preempted: list[SeqId] = []
-        self._schedule_running(budget, decodes, prefills, preempted)
+        self._schedule_running(budget, decodes, prefills, preempted, drafts or {})
         if not preempted:  # admitting while evicting would only cause more evictions
             self._schedule_waiting(budget, prefills)
         chunks = decodes + prefills
@@ -238,25 +254,37 @@ class Scheduler:
         return seq.num_output_tokens > 0 and seq.num_uncomputed_tokens == 1
 
     def _schedule_running(self, budget: _Budget, decodes: list, prefills: list,
-                          preempted: list) -> None:
+                          preempted: list, drafts: dict[SeqId, list[int]]) -> None:
         # Decodes behind a chunked prefill keep their token: prefill never starves decode.
         pending_decodes = sum(map(self._is_decode, self._running))
         i = 0
         while i < len(self._running):
             seq = self._running[i]
             decode = self._is_decode(seq)
+            extra: list[int] = []
             if decode:
                 pending_decodes -= 1
                 n = 1 if budget.tokens >= 1 else 0
+                if n and seq.seq_id in drafts:
+                    extra = self._draft_room(seq, drafts[seq.seq_id], budget.tokens - 1 - pending_decodes)
             else:
                 n = self._chunk_len(seq.num_uncomputed_tokens, budget, reserve=pending_decodes)
             if n == 0:
                 i += 1
                 continue
+            if extra and not self.kv_manager.allocate_for(seq, n + len(extra)):
+                extra = []  # drafts never preempt anyone: verify nothing this step
             if not self._allocate_or_preempt(seq, n, preempted):
                 break  # seq preempted itself: it was the newest, nothing is left behind it
-            self._emit(seq, n, decode, budget, decodes if decode else prefills)
+            self._emit(seq, n, decode, budget, decodes if decode else prefills, extra)
             i += 1
+
+    @staticmethod
+    def _draft_room(seq: Sequence, drafts: list[int], spare_tokens: int) -> list[int]:
+        """The drafts of a decode that fit: the spare token budget, and max_tokens (accepting all
+        of them plus one token must not pass it)."""
+        k = min(len(drafts), spare_tokens, seq.max_tokens - seq.num_output_tokens - 1)
+        return list(drafts[:k]) if k > 0 else []
 
     def _chunk_len(self, remaining: int, budget: _Budget, reserve: int = 0) -> int:
         """Tokens of a prefill of `remaining` tokens that fit this iteration (0: none)."""
@@ -283,11 +311,16 @@ class Scheduler:
         self.num_preemptions += 1
         bisect.insort(self._preempted, seq, key=lambda s: self._rank[s.seq_id])
 
-    def _emit(self, seq: Sequence, n: int, decode: bool, budget: _Budget, out: list) -> None:
+    def _emit(self, seq: Sequence, n: int, decode: bool, budget: _Budget, out: list,
+              drafts: list[int] | None = None) -> None:
         start, end = seq.num_computed_tokens, seq.num_computed_tokens + n
         # Copies, so the executor side never aliases scheduler state; a decode copies one token.
+        tokens = seq.token_ids(start, end)
+        if drafts:
+            tokens += drafts
+            n += len(drafts)
         out.append(ScheduledChunk(seq.seq_id, start, n, end == seq.num_tokens, decode,
-                                  seq.token_ids(start, end), list(seq.block_table)))
+                                  tokens, list(seq.block_table), len(drafts or ())))
         budget.tokens -= n
         if not decode:
             budget.prefill_tokens -= n
@@ -375,9 +408,12 @@ class Scheduler:
         return sum(max(self.kv_need_blocks(s) - len(s.block_table), 0) for s in self._running)
 
     # ---- after the step ---------------------------------------------------------------------
-    def update(self, out: SchedulerOutput, sampled: dict[SeqId, int]) -> None:
+    def update(self, out: SchedulerOutput, sampled: dict[SeqId, int | list[int]]) -> None:
         """Apply a finished step: advance computed tokens, append sampled ids (seq_id -> token id)
-        of chunks with sample=True, and index newly full blocks in the prefix cache."""
+        of chunks with sample=True, and index newly full blocks in the prefix cache.
+
+        A chunk with drafts takes a list: the committed tokens (its accepted drafts, in order, then
+        one token of the target's); its rejected drafts' KV slots are rolled back."""
         for chunk in out.chunks:
             seq = self._seqs.get(chunk.seq_id)
             if seq is None or seq.status is not SequenceStatus.RUNNING:
@@ -389,9 +425,20 @@ class Scheduler:
             if chunk.sample and seq.seq_id not in sampled:
                 raise KeyError(f"no sampled token for sequence {seq.seq_id}, whose chunk has "
                                f"sample=True; pass {{seq_id: token_id}} for every such chunk")
-            seq.num_computed_tokens += chunk.num_tokens
-            if chunk.sample:
-                seq.output_token_ids.append(sampled[seq.seq_id])
+            if not chunk.sample:
+                seq.num_computed_tokens += chunk.num_tokens
+            else:
+                tokens = sampled[seq.seq_id]
+                tokens = [tokens] if isinstance(tokens, int) else list(tokens)
+                accepted = len(tokens) - 1
+                drafts = chunk.token_ids[len(chunk.token_ids) - chunk.num_draft_tokens:]
+                if not 0 <= accepted <= chunk.num_draft_tokens or tokens[:accepted] != drafts[:accepted]:
+                    raise ValueError(f"sequence {seq.seq_id}: committed tokens {tokens} are not a prefix "
+                                     f"of its drafts {drafts} plus one token")
+                seq.num_computed_tokens += chunk.num_tokens - chunk.num_draft_tokens + accepted
+                seq.output_token_ids.extend(tokens)
+                if chunk.num_draft_tokens > accepted:
+                    self.kv_manager.rollback(seq)
             self.kv_manager.cache_full_blocks(seq)
 
     def kv_blocks(self, seq_id: SeqId) -> tuple[list[int], int]:

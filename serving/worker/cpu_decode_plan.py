@@ -12,6 +12,12 @@ size, with their argument tuples built once:
     embed → per layer: add+RMSNorm → qkv GEMM → RoPE → KV write + attention → o GEMM
           → add+RMSNorm → gate_up GEMM → SiLU·mul → down GEMM → final add+RMSNorm → head GEMM
 
+Speculative decoding's verification steps (a few tokens per sequence, logits at every one) run
+here too: the C attention takes one query per entry, so a sequence's query of q tokens is handed
+to it as q entries sharing its block table, entry j attending positions 0..start + j. The kernel
+writes every new token's K/V before it attends, so each entry sees the drafts before it exactly
+as the op's multi-token (prefill) path does.
+
 Like `CudaGraphRunner`, the executor asks `can_run` per step and falls back to the network for
 everything else (prefill chunks, mixed steps, more than `MAX_ROWS` tokens — `GEMV_MAX_ROWS` for an
 engine with float-activation quantized linears — and long contexts). Only
@@ -80,6 +86,20 @@ MAX_ROWS = 256
 kernels take any row count; the module path would add ~15 ms a step and gather the KV for SDPA)."""
 
 
+MAX_QUERY_LEN = 17
+"""Longest query per sequence the plan takes: a decode token plus up to 16 drafts."""
+
+
+def _per_token(inputs: ModelInputs) -> tuple[torch.Tensor, torch.Tensor]:
+    """(block tables, seq_lens) with one entry per token: its sequence's table, position + 1."""
+    m = inputs.meta
+    if m.max_query_len == 1:
+        return m.block_tables, m.seq_lens
+    q_lens = m.query_start_loc[1:] - m.query_start_loc[:-1]
+    tables = torch.repeat_interleave(m.block_tables, q_lens.long(), dim=0).contiguous()
+    return tables, (inputs.positions + 1).to(torch.int32)
+
+
 def _failed(kind: str) -> None:
     raise MemoryError(f"CPU decode plan: the quantised {kind} GEMV could not allocate its int8 activation rows")
 
@@ -125,11 +145,12 @@ class CpuDecodePlan:
         return cls(network, kv_caches, libs, kv_scales) if all(lib is not None for lib in libs) else None
 
     def can_run(self, inputs: ModelInputs) -> bool:
-        """Pure decode (one token per sequence, each samples, in order) of at most `max_rows`
-        tokens whose contexts the C attention takes. (`run` is always inference: no autograd.)"""
+        """Pure decode (every token has a logits row, in order: one per sequence, or a speculative
+        verification's few) of at most `max_rows` tokens whose contexts the C attention takes.
+        (`run` is always inference: no autograd.)"""
         t, m = inputs.num_tokens, inputs.meta
-        return (t <= self.max_rows and t == m.num_seqs == len(inputs.sample_seq_ids)
-                and m.max_query_len == 1 and m.max_seq_len * t <= cpu_native.MAX_CONTEXT_TOKENS
+        return (t <= self.max_rows and inputs.logits_indices.shape[0] == t
+                and m.max_query_len <= MAX_QUERY_LEN and m.max_seq_len * t <= cpu_native.MAX_CONTEXT_TOKENS
                 and m.slot_mapping.dtype == torch.int64 and m.block_tables.dtype == torch.int32
                 and m.seq_lens.dtype == torch.int32 and m.block_tables.is_contiguous()
                 and torch.equal(inputs.logits_indices, torch.arange(t)))
@@ -194,8 +215,9 @@ class CpuDecodePlan:
         qkv, row = buf["qkv"].data_ptr(), (hq + 2 * hkv) * d
         rope = (qkv, cos.data_ptr(), sin.data_ptr(), t, hq + hkv, row, d)
         _, num_blocks, block_size, _, _ = self.kv_caches[0].shape
-        attention = (m.slot_mapping.data_ptr(), m.block_tables.data_ptr(), m.block_tables.shape[1],
-                     m.seq_lens.data_ptr(), buf["attn"].data_ptr(), t, hq, hkv, d, d ** -0.5, 0.0, threads)
+        tables, seq_lens = _per_token(inputs)  # alive until the layers are done
+        attention = (m.slot_mapping.data_ptr(), tables.data_ptr(), tables.shape[1],
+                     seq_lens.data_ptr(), buf["attn"].data_ptr(), t, hq, hkv, d, d ** -0.5, 0.0, threads)
         k, v = qkv + 4 * hq * d, qkv + 4 * (hq + hkv) * d  # byte offsets of the k and v heads
         rope_fn = self.fused.trtforge_rope
         if self.kv_scales is None:
@@ -210,7 +232,7 @@ class CpuDecodePlan:
             rope_fn(*rope)
             if attention_fn(qkv, row, k, row, v, row, *pool, num_blocks, block_size, *attention):
                 raise ValueError(f"decode attention: a block id, slot or sequence length is out of range "
-                                 f"(seq_lens={m.seq_lens.tolist()}, slot_mapping={m.slot_mapping.tolist()})")
+                                 f"(seq_lens={seq_lens.tolist()}, slot_mapping={m.slot_mapping.tolist()})")
             if o_call[0](*o_call[1:], threads):
                 _failed("o_proj")
             norm_post[0](*norm_post[1:])

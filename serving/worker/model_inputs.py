@@ -3,12 +3,13 @@
 The only place where the scheduler's plain data becomes tensors; it reads the chunks' own copies,
 never a Sequence, so it could run in another process than the scheduler. Chunks are packed back to back
 (decodes first, then prefill chunks — the scheduler's order); a chunk whose last token reaches
-the end of its sequence contributes one row of logits.
+the end of its sequence contributes one row of logits — a verification chunk (speculative
+decoding: its last token + k drafts) one row per token, k + 1 rows, in order.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import torch
 
@@ -27,7 +28,9 @@ class ModelInputs:
     logits_indices: torch.Tensor
     """int64 [S']: index in the packed batch of the last token of each chunk that samples."""
     sample_seq_ids: list[SeqId]
-    """seq_id of each logits row, in order."""
+    """seq_id of each sampling chunk, in order (its rows follow one another)."""
+    sample_num_rows: list[int] = field(default_factory=list)
+    """Logits rows of each sampling chunk (1, or 1 + its drafts); [] means one each."""
 
     @property
     def num_tokens(self) -> int:
@@ -42,6 +45,7 @@ def prepare_inputs(out: SchedulerOutput, block_size: int, device: torch.device |
     starts = [0]
     logits_indices: list[int] = []
     sample_ids: list[SeqId] = []
+    sample_rows: list[int] = []
     tables = []
     for chunk in out.chunks:
         start, n, table = chunk.start, chunk.num_tokens, chunk.block_table
@@ -54,8 +58,10 @@ def prepare_inputs(out: SchedulerOutput, block_size: int, device: torch.device |
         starts.append(starts[-1] + n)
         tables.append(table)
         if chunk.sample:
-            logits_indices.append(starts[-1] - 1)
+            rows = 1 + chunk.num_draft_tokens
+            logits_indices.extend(range(starts[-1] - rows, starts[-1]))
             sample_ids.append(chunk.seq_id)
+            sample_rows.append(rows)
     width = max(len(t) for t in tables)
     padded = [t + [0] * (width - len(t)) for t in tables]
     i32, i64 = torch.int32, torch.int64
@@ -73,4 +79,5 @@ def prepare_inputs(out: SchedulerOutput, block_size: int, device: torch.device |
         meta=meta,
         logits_indices=torch.tensor(logits_indices, dtype=i64, device=device),
         sample_seq_ids=sample_ids,
+        sample_num_rows=sample_rows,
     )

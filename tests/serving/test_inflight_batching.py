@@ -185,3 +185,33 @@ def test_prefix_caching_does_not_change_greedy_outputs(engine_dir):
     assert hits >= 5 * (len(shared) // BLOCK) * BLOCK, f"only {hits} tokens served from the cache"
     for i, (off, on) in enumerate(zip(results[False], results[True])):
         assert_greedy_same(off, on, f"prefix-cached prompt {i}")
+
+
+@pytest.mark.parametrize("seed", [3, 4])
+def test_greedy_speculative_busy_batch_matches_alone(engine_dir, seed):
+    """Speculative decoding (ngram) under the same pressure — random arrivals, small chunks and
+    budget, preemption — still gives every request its plain-decoding tokens, and leaks nothing."""
+    from trtforge.config.speculative import SpeculativeConfig
+
+    rng = random.Random(seed)
+    vocab = LLMEngine.from_engine_dir(engine_dir).engine_config.model.vocab_size
+    requests = []
+    for prompt, params in random_requests(rng, 10, vocab):
+        params.max_tokens = rng.randint(8, 24)
+        requests.append((prompt + prompt[:rng.randint(1, 8)], params))  # something to look up
+    alone = run_alone(engine_dir, requests)
+    spec = SpeculativeConfig(num_speculative_tokens=rng.randint(2, 5), prompt_lookup_min=1,
+                             disable_by_batch_size=None, backoff_after_rejections=0)
+    chunk = rng.randint(2, 7)
+    runtime = RuntimeConfig(kv_cache_memory=kv_bytes(engine_dir, 18 + rng.randint(0, 4)), speculative_config=spec)
+    engine = LLMEngine.from_engine_dir(
+        engine_dir, runtime,
+        prefill_chunk_size=chunk, max_num_tokens=chunk + rng.randint(4, 10), policy="max_utilization",
+        enable_prefix_caching=bool(seed % 2))
+    busy = run_busy(engine, requests, rng)
+    for i, (a, b) in enumerate(zip(alone, busy)):
+        assert b.finish_reason == "length", f"request {i}: {b.finish_reason} {b.error}"
+        assert_greedy_same(a, b, f"seed {seed} request {i}")
+    stats = engine.stats()
+    assert stats.num_preemptions > 0, "the KV pool was meant to force preemption"
+    assert stats.spec_decode_num_draft_tokens > 0

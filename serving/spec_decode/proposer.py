@@ -1,0 +1,46 @@
+"""The seam every proposer plugs into: plain token ids in, draft token ids out (no tensors of the
+target, no scheduler state), so the engine loop and the verification do not change with it."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Protocol
+
+from trtforge.config.speculative import SpeculativeConfig
+
+
+@dataclass
+class ProposalRequest:
+    """One running decode that may receive drafts this step."""
+
+    request_id: str
+    prompt_token_ids: list[int]
+    output_token_ids: list[int]
+    """Its committed tokens are prompt + outputs (the engine's own lists: read, never change them)."""
+    max_drafts: int
+    """Most draft tokens it may take (>= 1): num_speculative_tokens, capped by what max_tokens
+    leaves (the verification commits up to max_drafts + 1 tokens)."""
+
+    @property
+    def token_ids(self) -> list[int]:
+        """Prompt + outputs (a new list)."""
+        return self.prompt_token_ids + self.output_token_ids
+
+
+class Proposer(Protocol):
+    """Proposes up to `max_drafts` next tokens of each request."""
+
+    def propose(self, requests: list[ProposalRequest]) -> list[list[int]]:
+        """One list of draft token ids per request, in order ([] where it has nothing to offer)."""
+
+    def forget(self, request_id: str) -> None:
+        """The request finished: drop whatever state the proposer keeps for it."""
+
+
+def make_proposer(config: SpeculativeConfig) -> Proposer:
+    """The proposer `config.method` names (SpeculativeConfig refuses unknown methods)."""
+    if config.method == "ngram":
+        from trtforge.serving.spec_decode.ngram import NgramProposer
+
+        return NgramProposer(config.prompt_lookup_min, config.prompt_lookup_max)
+    raise ValueError(f"speculative method {config.method!r} has no proposer")
