@@ -213,10 +213,9 @@ def test_build_report_names_the_family_and_experts(moe, tmp_path):
         in result.output
 
 
+@pytest.mark.parametrize("moe", ["qwen2_moe"], indirect=True)
 def test_qwen2_moe_dense_and_sparse_layers(moe):
     name, _, _, out = moe
-    if name != "qwen2_moe":
-        pytest.skip("Qwen2-MoE's layout")
     net = LLMEngine.from_engine_dir(out).executor.network
     assert [isinstance(layer.mlp, SparseMoE) for layer in net.layers] == [True, False, True]  # mlp_only_layers [1]
     assert net.layers[0].mlp.shared_expert is not None and net.layers[1].mlp.gate_up.out_features == 2 * 96
