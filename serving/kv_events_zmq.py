@@ -16,9 +16,12 @@ chained stored blocks is one BlockStored with its parent, evictions one BlockRem
 "GPU" (vLLM's name for the engine's own KV pool, whatever the device). A salted block
 (cache_salt) is published with `extra_keys` = [salt] per block, as vLLM does.
 
-The socket binds where it is told (tcp://127.0.0.1:PORT unless written otherwise: every port is
-reachable by an attacker, and these events describe what users' prompts left in the cache). It
-only sends: nothing received changes state. msgspec (msgpack) and pyzmq are imported here only.
+The socket binds exactly where it is told (`tcp://*` is refused): every port is reachable by an
+attacker, and the events carry the token ids of users' prompts, so bind it to loopback or a
+private network the router shares. There is no authentication (vLLM's has none either). It only
+sends: a PUB socket discards whatever a peer writes to it, so nothing received changes state, and
+a subscriber that stops reading costs at most SEND_HIGH_WATER_MARK queued batches. msgspec
+(msgpack) and pyzmq are imported here only.
 """
 
 from __future__ import annotations
@@ -29,6 +32,8 @@ from typing import Any
 from trtforge.serving.core.kv_events import BlockRemoved, BlockStored, KVEvent, block_id
 
 MEDIUM = "GPU"
+SEND_HIGH_WATER_MARK = 1000
+"""Batches queued per subscriber at most (one batch per engine step that changed the cache)."""
 
 
 def _runs(events: list[KVEvent]) -> list[tuple[str, list[KVEvent]]]:
@@ -81,7 +86,9 @@ class ZmqKVEventPublisher:
                              "(tcp://0.0.0.0:PORT if that is what you want)")
         self._encode = msgspec.msgpack.Encoder().encode
         self._socket = zmq.Context.instance().socket(zmq.PUB)
-        self._socket.setsockopt(zmq.SNDHWM, 100_000)
+        # A subscriber that stops reading holds at most SNDHWM batches queued for it; beyond that
+        # ZMQ drops its messages (PUB never blocks the engine).
+        self._socket.setsockopt(zmq.SNDHWM, SEND_HIGH_WATER_MARK)
         self._socket.setsockopt(zmq.LINGER, 0)
         self._socket.bind(endpoint)
         self.endpoint = self._socket.getsockopt_string(zmq.LAST_ENDPOINT)

@@ -107,3 +107,38 @@ def test_an_engines_events_reach_a_subscriber_in_vllms_format(engine_dir):  # no
 def test_a_publisher_refuses_endpoints_it_should_not_bind(endpoint, message):
     with pytest.raises(ValueError, match=message):
         ZmqKVEventPublisher(endpoint, 8)
+
+
+def test_a_hostile_peer_on_the_port_changes_nothing_and_subscribers_still_get_events(engine_dir):  # noqa: F811
+    """Raw TCP garbage, a half-open ZMTP greeting and a subscriber that never reads: the publisher
+    keeps sending, and a good subscriber still decodes every batch."""
+    import socket
+    import time
+
+    engine = LLMEngine.from_engine_dir(engine_dir)
+    log = engine.scheduler.kv_manager.enable_events()
+    publisher = ZmqKVEventPublisher("tcp://127.0.0.1:0", engine.scheduler_config.block_size)
+    host, port = publisher.endpoint.removeprefix("tcp://").rsplit(":", 1)
+    raw = [socket.create_connection((host, int(port))) for _ in range(3)]
+    raw[0].sendall(b"\x00" * 70000)  # garbage
+    raw[1].sendall(b"\xff" + b"\x00" * 8 + b"\x7f\x03")  # a ZMTP greeting cut short
+    lazy = zmq.Context.instance().socket(zmq.SUB)  # subscribes, never reads
+    lazy.setsockopt(zmq.SUBSCRIBE, b"")
+    lazy.connect(publisher.endpoint)
+    sub = zmq.Context.instance().socket(zmq.SUB)
+    sub.setsockopt(zmq.SUBSCRIBE, b"")
+    sub.connect(publisher.endpoint)
+    try:
+        time.sleep(0.3)
+        for i in range(5):
+            engine.generate([engine.tokenizer.encode(f"request {i} " * 8)], SamplingParams(max_tokens=1))
+            publisher.publish(log.drain())
+        batches = _receive(sub)
+        assert [s for s, _ in batches] == list(range(5))
+        assert all(any(isinstance(e, BlockStored) for e in b.events) for _, b in batches)
+    finally:
+        for s in raw:
+            s.close()
+        lazy.close(linger=0)
+        sub.close(linger=0)
+        publisher.close()
