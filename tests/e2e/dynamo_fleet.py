@@ -23,8 +23,21 @@ from trtforge.bench.dynamo_fleet import (
 )
 
 MODEL = "tiny"
-__all__ = ["MODEL", "PLANES", "Proc", "Worker", "env", "free_port", "get", "start_frontend", "start_worker",
-           "wait", "wait_ready", "client", "complete", "in_runtime", "collect"]
+MAX_TOKENS = 12
+PROMPTS = ["Hello world", "The quick brown fox", "Café au lait", "Stop strings end a request;"]
+__all__ = ["MODEL", "MAX_TOKENS", "PROMPTS", "oracle", "PLANES", "Proc", "Worker", "env", "free_port", "get",
+           "start_frontend", "start_worker", "wait", "wait_ready", "client", "complete", "in_runtime",
+           "collect"]
+
+
+def oracle(engine_dir: Path):
+    """The in-process engine (what `trtforge generate` runs) and its greedy text of each prompt."""
+    from trtforge.config.sampling import SamplingParams
+    from trtforge.serving.engine import LLMEngine
+
+    engine = LLMEngine.from_engine_dir(engine_dir)
+    outs = engine.generate(PROMPTS, SamplingParams(max_tokens=MAX_TOKENS, ignore_eos=True))
+    return engine, {p: o.text for p, o in zip(PROMPTS, outs)}
 
 
 def client(url: str):

@@ -25,13 +25,16 @@ from pathlib import Path
 import pytest
 
 from tests.e2e.dynamo_fleet import (
+    MAX_TOKENS,
     MODEL,
+    PROMPTS,
     Proc,
     Worker,
     client,
     collect,
     complete,
     in_runtime,
+    oracle,
     start_frontend,
     start_worker,
     wait,
@@ -40,8 +43,6 @@ from tests.e2e.dynamo_fleet import (
 
 pytestmark = pytest.mark.e2e
 
-MAX_TOKENS = 12
-PROMPTS = ["Hello world", "The quick brown fox", "Café au lait", "Stop strings end a request;"]
 
 
 @dataclass
@@ -77,12 +78,7 @@ def fleet(engine_dir, tmp_path_factory):
             procs.append(frontend)
             urls.append(url)
         wait_ready(procs, urls, workers)
-        from trtforge.config.sampling import SamplingParams
-        from trtforge.serving.engine import LLMEngine
-
-        engine = LLMEngine.from_engine_dir(engine_dir)
-        outs = engine.generate(PROMPTS, SamplingParams(max_tokens=MAX_TOKENS, ignore_eos=True))
-        expected = {p: o.text for p, o in zip(PROMPTS, outs)}
+        engine, expected = oracle(engine_dir)
         c = _client(urls[0])
         # Both workers registered with the router: requests reach both (a handful, by load).
         wait(lambda: _spread(c, workers), 60, "both workers serve requests")

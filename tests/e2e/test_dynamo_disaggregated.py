@@ -22,13 +22,16 @@ from pathlib import Path
 import pytest
 
 from tests.e2e.dynamo_fleet import (
+    MAX_TOKENS,
     MODEL,
+    PROMPTS,
     Proc,
     Worker,
     client,
     collect,
     complete,
     in_runtime,
+    oracle,
     start_frontend,
     start_worker,
     wait,
@@ -37,8 +40,6 @@ from tests.e2e.dynamo_fleet import (
 
 pytestmark = pytest.mark.e2e
 
-MAX_TOKENS = 12
-PROMPTS = ["Hello world", "The quick brown fox", "Café au lait", "Stop strings end a request;"]
 
 
 @dataclass
@@ -72,15 +73,11 @@ def disagg(request, engine_dir, tmp_path_factory):
         frontend, url = start_frontend(root, "kv")
         procs += [prefill, decode, frontend]
         wait_ready(procs, [url], [prefill, decode])
-        from trtforge.config.sampling import SamplingParams
-        from trtforge.serving.engine import LLMEngine
-
-        engine = LLMEngine.from_engine_dir(engine_dir)
-        outs = engine.generate(PROMPTS, SamplingParams(max_tokens=MAX_TOKENS, ignore_eos=True))
+        engine, expected = oracle(engine_dir)
         c = client(url)
         # The frontend serves once it knows both roles (a 503 "not ready" until then).
         wait(lambda: _served(c), 60, "the frontend routes prefill then decode")
-        yield DisaggFleet(url, prefill, decode, root, {p: o.text for p, o in zip(PROMPTS, outs)},
+        yield DisaggFleet(url, prefill, decode, root, expected,
                           engine.tokenizer)
     finally:
         for p in procs:
