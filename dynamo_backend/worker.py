@@ -43,16 +43,12 @@ a prefill worker's handoff ends its part as max_tokens=1 would)."""
 _PHASES = {"agg": Phase.BOTH, "prefill": Phase.CONTEXT, "decode": Phase.GENERATION}
 
 
-def _dynamo_mode(name: str):
-    def make():
-        from dynamo.common.constants import DisaggregationMode
+def _dynamo_mode(name: str) -> Any:
+    """Dynamo's DisaggregationMode of a --disaggregation-mode value."""
+    from dynamo.common.constants import DisaggregationMode
 
-        return {"agg": DisaggregationMode.AGGREGATED, "prefill": DisaggregationMode.PREFILL,
-                "decode": DisaggregationMode.DECODE}[name]
-    return make
-
-
-_DYNAMO_MODES = {m: _dynamo_mode(m) for m in MODES}
+    return {"agg": DisaggregationMode.AGGREGATED, "prefill": DisaggregationMode.PREFILL,
+            "decode": DisaggregationMode.DECODE}[name]
 
 
 class TrtforgeEngine(LLMEngine):
@@ -77,7 +73,7 @@ class TrtforgeEngine(LLMEngine):
                             model_name=str(self.card), served_model_name=self.served_name,
                             discovery_backend=o.discovery_backend, request_plane=o.request_plane,
                             event_plane=o.event_plane, enable_kv_routing=o.enable_kv_routing,
-                            disaggregation_mode=_DYNAMO_MODES[o.disaggregation_mode]())
+                            disaggregation_mode=_dynamo_mode(o.disaggregation_mode))
 
     @property
     def served_name(self) -> str:
