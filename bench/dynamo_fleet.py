@@ -1,7 +1,11 @@
 """A Dynamo fleet on one host, as processes: `trtforge dynamo-worker`s and Dynamo's own OpenAI
 frontend (`python -m dynamo.frontend`), with file discovery, the TCP request plane and the ZMQ event
 plane, every listener on loopback. Used by the multi-turn benchmark and the e2e tests; it only
-starts and watches processes (nothing here imports Dynamo)."""
+starts and watches processes (nothing here imports Dynamo).
+
+The benchmark's third fleet is trtforge's own, also on loopback: `trtforge serve` workers of a
+plain repository and a router server (`emit-repo --only router --worker-url …`) with the OpenAI
+endpoint in front (`start_triton_fleet`); `cpu_seconds` tells whether an idle fleet is quiet."""
 
 from __future__ import annotations
 
@@ -120,6 +124,71 @@ def start_frontend(root: Path, mode: str) -> tuple[Proc, str]:
     cmd = [sys.executable, "-m", "dynamo.frontend", "--http-host", "127.0.0.1", "--http-port", str(port),
            "--router-mode", mode, *PLANES]
     return Proc(_start(cmd, log, env(root)), log), f"http://127.0.0.1:{port}/v1"
+
+
+def start_triton_fleet(root: Path, engine_dir: Path, workers: int, emit_options: list[str],
+                       model: str = "tiny", policy: str | None = None) -> tuple[list[Proc], str]:
+    """`workers` `trtforge serve` workers of a plain repository (`emit_options`: its emit-repo
+    flags) and a router server over them with the OpenAI endpoint; the processes (router last) and
+    the endpoint's base URL, once every server is ready."""
+    def serve(repo: Path, name: str, *extra: str) -> tuple[Proc, int, int]:
+        http, grpc = free_port(), free_port()
+        cmd = [str(BIN / "trtforge"), "serve", str(repo), "--http-port", str(http), "--grpc-port", str(grpc),
+               "--metrics-port", str(free_port()), "--log-file", str(root / f"{name}.triton.log"), *extra]
+        return Proc(_start(cmd, root / f"{name}.log", {**os.environ, "PYTHONUNBUFFERED": "1"}), root / f"{name}.log"), \
+            http, grpc
+
+    def emit(repo: Path, *flags: str) -> None:
+        subprocess.run([str(BIN / "trtforge"), "emit-repo", str(engine_dir), str(repo), *flags], check=True,
+                       capture_output=True)
+
+    emit(root / "triton-worker", *emit_options)
+    started = [serve(root / "triton-worker", f"triton-worker{i}") for i in range(workers)]
+    try:
+        _wait_triton([p for p, _, _ in started], [h for _, h, _ in started])
+        urls = [x for _, _, grpc in started for x in ("--worker-url", f"127.0.0.1:{grpc}")]
+        emit(root / "triton-router", "--only", "router", *urls, *(["--router-policy", policy] if policy else []))
+        port = free_port()
+        router = serve(root / "triton-router", "triton-router", "--openai-port", str(port),
+                       "--served-model-name", model)
+        started.append(router)
+        url = f"http://127.0.0.1:{port}/v1"
+        _wait_triton([p for p, _, _ in started], [router[1]], lambda: model in get(url + "/models"))
+    except BaseException:
+        for p, _, _ in started:
+            p.stop()
+        raise
+    return [p for p, _, _ in started], url
+
+
+def _wait_triton(procs: list[Proc], http_ports: list[int], also=lambda: True, timeout_s: float = 300) -> None:
+    def ready() -> bool:
+        for p in procs:
+            if p.proc.poll() is not None:
+                raise AssertionError(f"{p.log.name} exited {p.proc.returncode}:\n{p.log.read_text()[-3000:]}")
+        try:
+            return all(urllib.request.urlopen(f"http://127.0.0.1:{h}/v2/health/ready", timeout=2).status == 200
+                       for h in http_ports) and also()
+        except OSError:
+            return False
+
+    wait(ready, timeout_s, "the Triton servers are ready")
+
+
+def cpu_seconds(procs: list[Proc]) -> float:
+    """CPU time (user + system) used so far by the processes and all their descendants."""
+    tick = os.sysconf("SC_CLK_TCK")
+    total, todo = 0.0, [p.proc.pid for p in procs]
+    while todo:
+        pid = todo.pop()
+        try:
+            fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+            total += (int(fields[11]) + int(fields[12])) / tick
+            for task in Path(f"/proc/{pid}/task").iterdir():
+                todo += [int(c) for c in (task / "children").read_text().split()]
+        except (OSError, IndexError, ValueError):
+            continue  # gone meanwhile
+    return total
 
 
 def wait_ready(procs: list[Proc], urls: list[str], workers: list[Worker], timeout_s: float = 180,

@@ -14,6 +14,12 @@ from trtforge.config.scheduler import SchedulerConfig
 from trtforge.frontend.tool_parsers import TOOL_CALL_PARSERS
 from trtforge.model_repo.params import AdapterOptions
 from trtforge.model_repo.phases import CPU_THREADS, CPUS, PHASE_DOCS, ROUTER, scheduler_fields
+from trtforge.model_repo.python_models.routing_policy import (
+    ROUTER_DOCS,
+    ROUTER_MAX_IMBALANCE,
+    AffinityConfig,
+    Policy,
+)
 from trtforge.models.errors import EngineLoadError
 
 CONTEXT_RUNTIME_FIELDS = ("handoff_timeout_s", "kv_connector", "kv_advertise_host", "kv_auth_key_file",
@@ -99,11 +105,22 @@ batches as model.yaml says)."""
               default=None,
               help="With --disaggregated: write just this model, for servers on different hosts "
                    "(a context server with --context-kv-connector tcp://…, a generation server, and a "
-                   "router server with --context-url/--generation-url).")
+                   "router server with --context-url/--generation-url). `--only router --worker-url …` "
+                   "without --disaggregated: a router over co-located workers.")
 @click.option("--context-url", "context_urls", multiple=True,
               help="--only router: gRPC HOST:PORT of a context server (repeatable).")
 @click.option("--generation-url", "generation_urls", multiple=True,
               help="--only router: gRPC HOST:PORT of a generation server (repeatable).")
+@click.option("--worker-url", "worker_urls", multiple=True,
+              help="--only router (no --disaggregated): gRPC HOST:PORT of a co-located worker server, a "
+                   "`trtforge serve` of a plain `emit-repo` repository of this engine (repeatable).")
+@click.option("--router-policy", type=click.Choice([p.value for p in Policy]), default=None,
+              help="--worker-url: how the router picks a worker: prefix-affinity (the one most likely to "
+                   "hold the prompt's KV blocks, balanced by requests in flight) or least-loaded. "
+                   f"[default: {Policy.PREFIX_AFFINITY}]")
+@click.option("--router-max-imbalance", type=click.IntRange(min=0), default=None,
+              help="--router-policy prefix-affinity: " + ROUTER_DOCS[ROUTER_MAX_IMBALANCE]
+                   + f" [default: {AffinityConfig.max_imbalance}]")
 @_trtllm_options
 @dataclass_options(SchedulerConfig, exclude=SchedulerConfig.ENGINE_FIELDS,
                    default_text="the engine's engine.json value, else {default}")
@@ -112,7 +129,8 @@ def emit_repo_command(engine_dir: str, repo_dir: str, device: str,
                       triton_max_batch_size: int | None, exclude_input_in_output: bool,
                       kv_cache_memory: str | None, kv_events_endpoint: str, trtllm_models_dir: str | None,
                       disaggregated: bool, only: str | None, context_urls: tuple[str, ...],
-                      generation_urls: tuple[str, ...], trtllm_repo: str | None,
+                      generation_urls: tuple[str, ...], worker_urls: tuple[str, ...],
+                      router_policy: str | None, router_max_imbalance: int | None, trtllm_repo: str | None,
                       trtllm_version: str | None, allow_trtllm_drift: bool | None,
                       **options: object) -> None:
     """Write a Triton model repository (model `ensemble`) serving ENGINE_DIR into REPO_DIR.
@@ -120,7 +138,8 @@ def emit_repo_command(engine_dir: str, repo_dir: str, device: str,
     Scheduling options given here are written into ensemble/config.pbtxt as parameters; the
     others get the engine's defaults. Edit them there later: the model checks them when loading.
     With --disaggregated, the --context-… and --generation-… options go into context/ and
-    generation/config.pbtxt instead.
+    generation/config.pbtxt instead. `--only router --worker-url HOST:PORT …` writes a router
+    over co-located worker servers instead (docs/scale-out.md).
 
     With --trtllm-repo llmapi, ENGINE_DIR is a Hugging Face checkpoint (directory or hub id)
     instead, and REPO_DIR gets TensorRT-LLM's LLM-API model `tensorrt_llm` (docs/tensorrt-llm.md).
@@ -144,10 +163,13 @@ def emit_repo_command(engine_dir: str, repo_dir: str, device: str,
     scheduler = {k: v for k, v in options.items() if "__" not in k and v is not None}
     try:
         phases = _phase_values(phase_opts, disaggregated)
-        if (only or context_urls or generation_urls) and not disaggregated:
-            raise ValueError("--only, --context-url and --generation-url need --disaggregated")
+        routed = _worker_router(disaggregated, only, worker_urls, router_policy, router_max_imbalance)
+        if (only or context_urls or generation_urls) and not disaggregated and (not routed or context_urls
+                                                                               or generation_urls):
+            raise ValueError("--only context|generation, --context-url and --generation-url need "
+                             "--disaggregated (a router over co-located workers takes --worker-url)")
         layout = DisaggregatedOptions(**phases, only=only, context_urls=",".join(context_urls),
-                                      generation_urls=",".join(generation_urls)) if disaggregated else False
+                                      generation_urls=",".join(generation_urls)) if disaggregated else routed
         repo = emit_repo(engine_dir, repo_dir, device=device,
                          triton_max_batch_size=triton_max_batch_size,
                          exclude_input_in_output=exclude_input_in_output,
@@ -164,6 +186,30 @@ def emit_repo_command(engine_dir: str, repo_dir: str, device: str,
               else "`ensemble`, `context`, `generation`" if phases else "`ensemble`")
     click.echo(f"Wrote Triton model repository {repo} (models {models}). "
                f"Serve it with: trtforge serve {repo}")
+
+
+def _worker_router(disaggregated: bool, only: str | None, worker_urls: tuple[str, ...], policy: str | None,
+                   max_imbalance: int | None):
+    """The WorkerRouterOptions of `--only router --worker-url …` (no --disaggregated); False for
+    every other layout, where --worker-url and the --router-… options are refused."""
+    from trtforge.model_repo.disaggregated import WorkerRouterOptions
+
+    tuning = [flag for flag, v in (("--router-policy", policy), ("--router-max-imbalance", max_imbalance))
+              if v is not None]
+    if disaggregated and (worker_urls or tuning):
+        raise ValueError(f"{', '.join(['--worker-url'] * bool(worker_urls) + tuning)}: options of a router over "
+                         "co-located workers (`--only router --worker-url …`, no --disaggregated); a "
+                         "disaggregated router takes --context-url and --generation-url")
+    if disaggregated or only != ROUTER:
+        if worker_urls or tuning:
+            raise ValueError(f"{', '.join(['--worker-url'] * bool(worker_urls) + tuning)}: only with --only router")
+        return False
+    if not worker_urls:
+        raise ValueError("--only router without --disaggregated routes over co-located workers: give "
+                         "--worker-url HOST:PORT (repeatable); for context and generation servers add "
+                         "--disaggregated with --context-url and --generation-url")
+    return WorkerRouterOptions(",".join(worker_urls), policy or WorkerRouterOptions.policy,
+                               WorkerRouterOptions.max_imbalance if max_imbalance is None else max_imbalance)
 
 
 def _phase_values(options: dict[str, object], disaggregated: bool) -> dict[str, object]:

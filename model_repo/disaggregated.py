@@ -8,6 +8,11 @@
       generation/config.pbtxt   decode parameters only
       generation/1/model.py     the engine model, phase generation
 
+`emit_worker_router` writes the same router model over co-located workers instead (REPO/ensemble
+only; `emit-repo ENGINE REPO --only router --worker-url HOST:PORT …`): each whole request goes to
+one `trtforge serve` worker of a plain repository, the one its routing policy picks
+(python_models/routing_policy.py).
+
 The router takes the name `ensemble` itself instead of sitting behind it (TensorRT-LLM routes
 ensemble → disaggregated_serving_bls): a Triton ensemble in front does not pass client
 cancellation on (see emit.py), and a forwarding python model would add one IPC hop per token.
@@ -22,6 +27,7 @@ from typing import Any
 from trtforge.config.runtime import Phase
 from trtforge.model_repo.interface import ENSEMBLE, PHASE_INPUTS, PHASE_OUTPUTS
 from trtforge.model_repo.params import (
+    ENGINE_DIR,
     EXCLUDE_INPUT_DEFAULT,
     AdapterOptions,
     parameter_docs,
@@ -51,6 +57,18 @@ from trtforge.model_repo.phases import (
     scheduler_fields,
 )
 from trtforge.model_repo.python_models import ENGINE_PY, ROUTER_PY
+from trtforge.model_repo.python_models.routing_policy import (
+    ROUTER_DOCS,
+    ROUTER_MAX_BLOCKS,
+    ROUTER_MAX_IMBALANCE,
+    ROUTER_POLICY,
+    WORKER_MODEL,
+    WORKER_ROUTER_ROLE,
+    WORKER_URLS,
+    AffinityConfig,
+    Policy,
+    make_router,
+)
 from trtforge.models.engine_dir import EngineConfig
 
 
@@ -101,6 +119,49 @@ class DisaggregatedOptions:
     """Router on its own server: gRPC addresses of context servers, comma-separated."""
     generation_urls: str = ""
     """Router on its own server: gRPC addresses of generation servers, comma-separated."""
+
+
+@dataclass
+class WorkerRouterOptions:
+    """What `emit-repo --only router --worker-url …` writes: a router over co-located workers
+    (each a `trtforge serve` of a plain repository, whose `ensemble` is the engine model)."""
+
+    worker_urls: str
+    """gRPC addresses HOST:PORT of the worker servers, comma-separated."""
+    policy: str = Policy.PREFIX_AFFINITY.value
+    """prefix-affinity | least-loaded (python_models/routing_policy.py)."""
+    max_imbalance: int = AffinityConfig.max_imbalance
+    """prefix-affinity: at most this many more requests in flight on the chosen worker than on
+    the least busy one."""
+    max_blocks: int = AffinityConfig.max_blocks
+    """prefix-affinity: block hashes remembered per worker."""
+
+
+def emit_worker_router(engine: EngineConfig, repo: Path, adapter: AdapterOptions, options: WorkerRouterOptions,
+                       *, triton_max_batch_size: int) -> Path:
+    """The router `ensemble` over the co-located workers at `options.worker_urls`, in `repo`.
+    Its engine_dir parameter is the engine's (the router reads its tokenizer and engine.json, not
+    its weights; so does the OpenAI front end in front of it)."""
+    urls = [u.strip() for u in options.worker_urls.split(",") if u.strip()]
+    if not urls:
+        raise ValueError("--only router needs the servers it routes to: --worker-url HOST:PORT (repeatable) "
+                         "for co-located workers, or --disaggregated with --context-url/--generation-url")
+    make_router(options.policy, urls, AffinityConfig(engine.block_size, options.max_blocks,
+                                                     options.max_imbalance))  # every check
+    params = {ENGINE_DIR: adapter.engine_dir, EXCLUDE_INPUT_DEFAULT: to_parameter(adapter.exclude_input_in_output),
+              ROLE: WORKER_ROUTER_ROLE, WORKER_MODEL: ENSEMBLE,
+              WORKER_URLS: ",".join(urls), ROUTER_POLICY: str(Policy(options.policy)),
+              ROUTER_MAX_IMBALANCE: to_parameter(options.max_imbalance),
+              ROUTER_MAX_BLOCKS: to_parameter(options.max_blocks)}
+    docs = {**parameter_docs(), **ROUTER_DOCS}
+    header = ["Written by `trtforge emit-repo --only router --worker-url …`: the TensorRT-LLM `ensemble`",
+              "interface; this model is a router: each request goes to one co-located worker server",
+              f"(its `{ENSEMBLE}` model), chosen by `{ROUTER_POLICY}`. Parameters:"]
+    header += [f"  {name}: {docs.get(name, '')}" for name in params if name != ROLE]
+    repo.mkdir(parents=True, exist_ok=True)
+    write_model(repo, ENSEMBLE, config_text(python_model_config(ENSEMBLE, params, triton_max_batch_size), header),
+                {"model.py": ROUTER_PY})
+    return repo
 
 
 def emit_disaggregated(engine: EngineConfig, repo: Path, adapter: AdapterOptions, options: DisaggregatedOptions,

@@ -28,7 +28,12 @@ from pathlib import Path
 from typing import Any
 
 from trtforge.config.runtime import RuntimeConfig
-from trtforge.model_repo.disaggregated import DisaggregatedOptions, emit_disaggregated
+from trtforge.model_repo.disaggregated import (
+    DisaggregatedOptions,
+    WorkerRouterOptions,
+    emit_disaggregated,
+    emit_worker_router,
+)
 from trtforge.model_repo.interface import ENSEMBLE
 from trtforge.model_repo.params import AdapterOptions, parameter_docs, runtime_parameters, scheduler_parameters
 from trtforge.model_repo.pbtxt import config_text, python_model_config, write_model
@@ -63,7 +68,8 @@ def emit_repo(engine_dir: str | os.PathLike, repo_dir: str | os.PathLike, *,
               kv_events_endpoint: str = AdapterOptions.kv_events_endpoint,
               kv_cache_memory: str | None = None,
               trtllm_models_dir: str | os.PathLike | TrtllmOptions | None = None,
-              disaggregated: bool | DisaggregatedOptions = False, **scheduler_overrides: Any) -> Path:
+              disaggregated: bool | DisaggregatedOptions | WorkerRouterOptions = False,
+              **scheduler_overrides: Any) -> Path:
     """Write (or replace) the `ensemble` model of `repo_dir` for `engine_dir`.
 
     `scheduler_overrides` are SchedulerConfig fields (e.g. `max_batch_size=8`); they are validated
@@ -72,6 +78,9 @@ def emit_repo(engine_dir: str | os.PathLike, repo_dir: str | os.PathLike, *,
 
     disaggregated: write `context` and `generation` models and a router `ensemble` instead
     (model_repo/disaggregated.py), with their DisaggregatedOptions (True: the defaults).
+
+    A WorkerRouterOptions instead: write only a router `ensemble` over co-located worker servers
+    (each serving a plain repository of this engine; disaggregated.py emit_worker_router).
 
     trtllm_models_dir: for TensorRT-LLM (docs/tensorrt-llm.md), the image's
     all_models/inflight_batcher_llm, or a TrtllmOptions holding it and the choices of repository
@@ -84,6 +93,11 @@ def emit_repo(engine_dir: str | os.PathLike, repo_dir: str | os.PathLike, *,
         return _emit_llmapi(engine_dir, repo_dir, trtllm, disaggregated, kv_cache_memory, scheduler_overrides)
     engine_dir = Path(engine_dir).resolve()
     engine = read_engine(engine_dir)
+    if isinstance(disaggregated, WorkerRouterOptions):
+        return _emit_worker_router(engine_dir, engine, Path(repo_dir), disaggregated, triton_max_batch_size,
+                                   exclude_input_in_output, {"kv_cache_memory": kv_cache_memory,
+                                                             "kv_events_endpoint": kv_events_endpoint,
+                                                             **scheduler_overrides})
     if kv_events_endpoint and engine.backend == "trtllm":
         raise ValueError("--kv-events-endpoint: TensorRT-LLM's tensorrtllm backend publishes its own KV events "
                          "(its executor's event API), not through trtforge's model")
@@ -126,6 +140,22 @@ def emit_repo(engine_dir: str | os.PathLike, repo_dir: str | os.PathLike, *,
                        _header(parameters))
     write_model(repo, ENSEMBLE, text, {"model.py": ENGINE_PY})
     return repo
+
+
+def _emit_worker_router(engine_dir: Path, engine: EngineConfig, repo: Path, options: WorkerRouterOptions,
+                        triton_max_batch_size: int | None, exclude_input_in_output: bool,
+                        engine_options: dict[str, Any]) -> Path:
+    """A router over co-located workers; `engine_options` given (not None, not empty) are refused."""
+    given = ["--" + k.replace("_", "-") for k, v in engine_options.items() if v not in (None, "")]
+    if given:
+        raise ValueError(f"{', '.join(given)}: not options of a router over co-located workers (it runs "
+                         "no engine); give them to the workers' own `emit-repo ENGINE REPO`")
+    if engine.backend == "trtllm":
+        raise ValueError("--only router --worker-url: trtforge's router forwards to trtforge engine models; "
+                         "a --backend trtllm engine is served by Triton's tensorrtllm backend")
+    adapter = AdapterOptions(engine_dir=str(engine_dir), exclude_input_in_output=exclude_input_in_output)
+    batch = triton_max_batch_size or int(engine.build.get("max_batch_size", 64))
+    return emit_worker_router(engine, repo, adapter, options, triton_max_batch_size=batch)
 
 
 def _emit_llmapi(checkpoint: str | os.PathLike, repo_dir: str | os.PathLike, trtllm: TrtllmOptions,

@@ -29,6 +29,12 @@ A handoff nobody takes (the client left between the phases) is freed by the cont
 `handoff_timeout_s`. A server that has gone away fails the requests it was serving with a
 message naming it; what such a request held elsewhere is freed (the context server's handoff by
 its deadline, or at once when it was taken).
+
+The same file is the router over co-located workers (`emit-repo --only router --worker-url …`,
+role `router`): each whole request goes, by the same gRPC stream, to one `trtforge serve` worker
+whose `ensemble` is the engine model, chosen by routing_policy.py (prefix affinity: the worker
+most likely to hold the prompt's KV blocks; or least-loaded). Its answers are relayed as the
+phases' are, with the same cancellation and errors ("the worker server X failed this request").
 """
 
 from __future__ import annotations
@@ -38,14 +44,15 @@ import queue
 import threading
 import uuid
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any, Iterator
 
 import numpy as np
 import triton_python_backend_utils as pb_utils
 
 from trtforge.config.runtime import Phase
-from trtforge.model_repo.interface import OUTPUTS
-from trtforge.model_repo.params import AdapterOptions
+from trtforge.model_repo.interface import ENSEMBLE, OUTPUTS
+from trtforge.model_repo.params import ENGINE_DIR, AdapterOptions
 from trtforge.model_repo.phases import (
     CONTEXT_MODEL,
     CONTEXT_PHASE_PARAMS,
@@ -53,6 +60,7 @@ from trtforge.model_repo.phases import (
     GENERATION_MODEL,
     GENERATION_URLS,
     REQUEST_TYPE,
+    ROLE,
     RequestType,
 )
 from trtforge.model_repo.python_models.base import (
@@ -61,12 +69,27 @@ from trtforge.model_repo.python_models.base import (
     DecoupledModel,
     model_parameters,
 )
+from trtforge.model_repo.python_models.routing_policy import (
+    ROUTER_MAX_BLOCKS,
+    ROUTER_MAX_IMBALANCE,
+    ROUTER_POLICY,
+    WORKER_MODEL,
+    WORKER_ROUTER_ROLE,
+    WORKER_URLS,
+    AffinityConfig,
+    LeastLoaded,
+    Policy,
+    block_hashes,
+    make_router,
+)
 from trtforge.model_repo.request import GenerationRequest, parse_request
 
 _OUTPUT_NAMES = [s.name for s in OUTPUTS] + [CONTEXT_PHASE_PARAMS]
 FINAL_FIELDS = ("finish_reason", "stop_reason", "stop_token_id", "num_cached_tokens")
 """Answer fields of a request's last response (beside its counts), forwarded as they come."""
 _DRAIN_TIMEOUT_S = 10.0  # how long finalize() lets requests in flight finish
+WORKER = "worker"
+"""The one hop of a router over co-located workers (beside the phases context and generation)."""
 
 
 @dataclass
@@ -102,13 +125,26 @@ class TritonPythonModel(DecoupledModel):
 
     def initialize(self, args: dict[str, str]) -> None:
         parameters = model_parameters(args)
-        self.models = {Phase.CONTEXT: parameters.get(CONTEXT_MODEL) or Phase.CONTEXT.value,
-                       Phase.GENERATION: parameters.get(GENERATION_MODEL) or Phase.GENERATION.value}
         self.exclude_input_default = AdapterOptions.from_parameters(parameters).exclude_input_in_output
         here = os.environ.get("TRTFORGE_TRITON_GRPC_URL") or "127.0.0.1:8001"
-        self.urls = {Phase.CONTEXT: _urls(parameters.get(CONTEXT_URLS, "")) or [here],
-                     Phase.GENERATION: _urls(parameters.get(GENERATION_URLS, "")) or [here]}
-        self._load = {url: 0 for urls in self.urls.values() for url in urls}  # requests in flight
+        self.colocated = parameters.get(ROLE) == WORKER_ROUTER_ROLE
+        self._tokenizer, self._block_size = None, 0
+        if self.colocated:  # one hop: a co-located worker's engine model
+            self.models = {WORKER: parameters.get(WORKER_MODEL) or ENSEMBLE}
+            urls = _urls(parameters.get(WORKER_URLS, ""))
+            if not urls:
+                raise ValueError(f"parameter {WORKER_URLS!r} is empty: the router needs the worker "
+                                 "servers' gRPC addresses (emit-repo --only router --worker-url …)")
+            policy = parameters.get(ROUTER_POLICY) or Policy.PREFIX_AFFINITY.value
+            affinity = self._affinity(args, parameters) if policy == Policy.PREFIX_AFFINITY else \
+                AffinityConfig(block_size=1)
+            self.routers = {WORKER: make_router(policy, urls, affinity)}
+        else:  # two hops: context, then generation
+            self.models = {Phase.CONTEXT: parameters.get(CONTEXT_MODEL) or Phase.CONTEXT.value,
+                           Phase.GENERATION: parameters.get(GENERATION_MODEL) or Phase.GENERATION.value}
+            self.routers = {phase: LeastLoaded(_urls(parameters.get(name, "")) or [here])
+                            for phase, name in ((Phase.CONTEXT, CONTEXT_URLS),
+                                                (Phase.GENERATION, GENERATION_URLS))}
         self._flights: dict[str, _Flight] = {}
         self.start_responses(pb_utils, "trtforge-router-send")
         self._cancels: queue.Queue = queue.Queue()  # flights whose client went away
@@ -138,8 +174,10 @@ class TritonPythonModel(DecoupledModel):
         """Context phase, then (unless the client left) generation phase; then the final response."""
         flight = self._flights[key]
         try:
-            handle = self._phase(key, flight, parsed, Phase.CONTEXT, inputs, None)
-            if handle is not None and not flight.stopped:
+            if self.colocated:
+                self._phase(key, flight, parsed, WORKER, inputs, None, self._blocks(parsed))
+            elif (handle := self._phase(key, flight, parsed, Phase.CONTEXT, inputs, None)) is not None \
+                    and not flight.stopped:
                 self._phase(key, flight, parsed, Phase.GENERATION, inputs, handle)
             if not parsed.stream and not flight.stopped and flight.num_tokens:
                 self._final(flight, self._joined(flight, parsed))  # one response, as co-located
@@ -162,31 +200,33 @@ class TritonPythonModel(DecoupledModel):
             flight.final_sent = True
         self.send(flight.sender, response, self.final)
 
-    def _phase(self, key: str, flight: _Flight, parsed: GenerationRequest, phase: Phase,
-               inputs: dict[str, np.ndarray], handle: bytes | None) -> bytes | None:
-        """Run one phase, forwarding (or collecting) its deltas; the context phase's handle."""
+    def _phase(self, key: str, flight: _Flight, parsed: GenerationRequest, hop: str,
+               inputs: dict[str, np.ndarray], handle: bytes | None, blocks: list[int] | None = None) -> bytes | None:
+        """Run one hop (a phase, or the whole request on a worker), forwarding (or collecting)
+        its deltas; the context phase's handle."""
         arrays = {name: a for name, a in inputs.items() if name not in ("stream", "exclude_input_in_output")}
-        arrays.update({"stream": np.array([[True]]), "exclude_input_in_output": np.array([[True]]),
-                       REQUEST_TYPE: np.array([[RequestType.of(phase).encode()]], dtype=object)})
+        arrays.update({"stream": np.array([[True]]), "exclude_input_in_output": np.array([[True]])})
+        if hop != WORKER:
+            arrays[REQUEST_TYPE] = np.array([[RequestType.of(Phase(hop)).encode()]], dtype=object)
         if handle is not None:
             arrays[CONTEXT_PHASE_PARAMS] = np.array([[handle]], dtype=object)
         handed = None
-        for answer in self._stream(flight, phase, arrays, key):
+        for answer in self._stream(flight, hop, arrays, key, blocks or []):
             if answer.context_phase_params is not None:
                 handed, answer.context_phase_params = answer.context_phase_params, None
             self._forward(flight, parsed, answer)
         return handed
 
-    def _stream(self, flight: _Flight, phase: Phase, arrays: dict[str, np.ndarray],
-                key: str) -> Iterator[Answer]:
-        """One phase: a gRPC stream to the least-loaded server of that phase; its answers."""
+    def _stream(self, flight: _Flight, phase: str, arrays: dict[str, np.ndarray],
+                key: str, blocks: list[int]) -> Iterator[Answer]:
+        """One hop: a gRPC stream to the server its policy picks (`blocks`: the prompt's block
+        hashes, for prefix affinity); its answers."""
         import tritonclient.grpc as grpcclient
 
         from trtforge.model_repo.client import infer_inputs
 
         with self._lock:
-            url = min(self.urls[phase], key=lambda u: self._load[u])
-            self._load[url] += 1
+            url = self.routers[phase].choose(blocks)
         responses: queue.Queue = queue.Queue()
         client = grpcclient.InferenceServerClient(url)
         finished = False
@@ -198,6 +238,7 @@ class TritonPythonModel(DecoupledModel):
                                           request_id=key, enable_empty_final_response=True)
             except Exception as exc:  # noqa: BLE001 - unreachable, gone: this request fails
                 finished = True
+                self._failed(phase, url)
                 raise _PhaseError(self.error(f"the {phase} server {url} failed this request: {exc}",
                                              "UNAVAILABLE")) from None
             while not finished:
@@ -211,6 +252,8 @@ class TritonPythonModel(DecoupledModel):
                     continue
                 if error is not None:
                     finished = True
+                    if _broken(error):
+                        self._failed(phase, url)
                     raise _PhaseError(self.error(f"the {phase} server {url} failed this request: "
                                                  f"{error}", "UNAVAILABLE"))
                 finished = result.get_response().parameters["triton_final_response"].bool_param
@@ -226,7 +269,11 @@ class TritonPythonModel(DecoupledModel):
             except Exception:  # noqa: BLE001 - already closed by a cancel
                 pass
             with self._lock:
-                self._load[url] -= 1
+                self.routers[phase].release(url)
+
+    def _failed(self, hop: str, url: str) -> None:
+        with self._lock:
+            self.routers[hop].failed(url)
 
     def _forward(self, flight: _Flight, parsed: GenerationRequest, answer: Answer) -> None:
         """Record a phase's answer; a streamed client gets it at once, or (its last) at the end."""
@@ -252,6 +299,38 @@ class TritonPythonModel(DecoupledModel):
                 flight.last = response                # FINAL once its gRPC stream has ended
             else:
                 self.send(flight.sender, response)
+
+    def _affinity(self, args: dict[str, str], parameters: dict[str, str]) -> AffinityConfig:
+        """Prefix affinity hashes the prompt's tokens: the engine directory's tokenizer and
+        kv_block_size (engine.json; no weights are read)."""
+        from trtforge.models.engine_dir import read_engine_config
+        from trtforge.models.tokenizer import load_tokenizer
+
+        engine_dir = Path(parameters.get(ENGINE_DIR) or "")
+        if not parameters.get(ENGINE_DIR):
+            raise ValueError(f"parameter {ENGINE_DIR!r} is missing: prefix affinity tokenizes prompts "
+                             "with the engine's tokenizer (re-emit with `emit-repo ENGINE --only router`)")
+        if not engine_dir.is_absolute():
+            engine_dir = Path(args["model_repository"]) / engine_dir
+        engine = read_engine_config(engine_dir, verify_weights=False)
+        self._tokenizer, self._block_size = load_tokenizer(engine_dir), engine.block_size
+        given = {}
+        for param, name in ((ROUTER_MAX_BLOCKS, "max_blocks"), (ROUTER_MAX_IMBALANCE, "max_imbalance")):
+            if parameters.get(param, "") != "":
+                try:
+                    given[name] = int(parameters[param])
+                except ValueError:
+                    raise ValueError(f"parameter {param}={parameters[param]!r} is invalid: "
+                                     "must be an integer") from None
+        return AffinityConfig(block_size=engine.block_size, **given)
+
+    def _blocks(self, parsed: GenerationRequest) -> list[int]:
+        """(Route thread.) The prompt's block hashes, tokenized as the engine encodes a prompt;
+        none for least-loaded."""
+        if self._tokenizer is None:
+            return []
+        ids = self._tokenizer.encode(parsed.prompt, add_special_tokens=False)
+        return block_hashes(ids, self._block_size, parsed.params.cache_salt)
 
     @staticmethod
     def _joined(flight: _Flight, parsed: GenerationRequest) -> Any:
@@ -284,6 +363,13 @@ class TritonPythonModel(DecoupledModel):
                     cancel()
                 except Exception:  # noqa: BLE001 - the stream already ended
                     pass
+
+
+def _broken(error: Any) -> bool:
+    """A stream's error is the connection's (gRPC status: the server went away), not an error
+    response of the model (in-band, no status) nor a cancel."""
+    status = error.status() if hasattr(error, "status") else None
+    return status is not None and "CANCELLED" not in str(status)
 
 
 def _urls(text: str) -> list[str]:
