@@ -16,7 +16,7 @@ from typing import Any
 
 import torch
 
-from trtforge.builder import checkpoint as ckpt_mod
+from trtforge.builder import checkpoint as ckpt_mod, prequantized
 from trtforge.builder.architectures import spec_for
 from trtforge.builder.build_config import BuildConfig
 from trtforge.builder.convert import convert
@@ -72,7 +72,8 @@ def build_engine(checkpoint: str, output: str | Path, build: BuildConfig, force:
                          f"--backend torch.")
     ckpt_mod.check_tokenizer(src)
     dtype = resolve_dtype(build.dtype, model)
-    quant = _quantization(build, model)
+    source = prequantized.detect(hf)  # a pre-quantized checkpoint (GPTQ, AWQ, compressed-tensors), or None
+    quant = _quantization(build, model) if source is None else _prequantized(build, model, source)
     check_tensor_parallel(model, build.tp_size)
     spec = spec_for([model.architecture])
     output.parent.mkdir(parents=True, exist_ok=True)
@@ -84,11 +85,12 @@ def build_engine(checkpoint: str, output: str | Path, build: BuildConfig, force:
                                         progress=progress)
             else:
                 sizes = convert(model, spec, reader, hf, torch_dtype(dtype), tmp / "rank0.safetensors",
-                                progress=progress, quant=quant)
+                                progress=progress, quant=quant, prequant=source)
         for f in ckpt_mod.tokenizer_files(src):
             shutil.copy2(f, tmp / f.name)
         report = make_report(model, build, dtype, sizes["parameters"], sizes["weight_bytes"],
-                             quant and quant["scheme"], sizes["weight_bytes_unquantized"])
+                             quant and quant["scheme"], sizes["weight_bytes_unquantized"],
+                             source.record() if source else None)
         if report.kv_num_blocks * build.kv_block_size < build.max_seq_len:
             raise BuildError(
                 f"--kv-cache-memory {build.kv_cache_memory} holds {report.kv_tokens} tokens, fewer than one "
@@ -128,6 +130,38 @@ def _quantization(build: BuildConfig, model: ModelConfig) -> dict[str, Any] | No
             "layers": [p for p in QUANTIZED_LAYERS if p in quantized_in_features(model)], "scales_dtype": "float32",
             "lm_head": head, "lm_head_group_size": build.group_size if head == "int4_wo" else None,
             "method": "symmetric round-to-nearest, weight-only"}
+
+
+def _prequantized(build: BuildConfig, model: ModelConfig, source: prequantized.SourceQuantization) -> dict[str, Any]:
+    """engine.json's `quantization` record of a pre-quantized checkpoint, after refusing what conflicts with
+    it: its decoder linears keep the checkpoint's codes (int4_wo / int8_wo, zero points and act-order
+    where it has them); the LM head and embeddings stay as the checkpoint has them (float)."""
+    from trtforge.models.quantized_layers import QUANTIZED_LAYERS, quantized_in_features
+
+    what = f"a pre-quantized {source.format} checkpoint ({source.bits}-bit, {'' if source.sym else 'a'}symmetric)"
+    if build.quantization != "none":
+        raise BuildError(f"--quantization {build.quantization} conflicts with {what}: trtforge builds it from the "
+                         f"checkpoint's own codes (as {source.scheme}) and does not re-quantize. Drop --quantization.")
+    if build.backend != "torch":
+        raise BuildError(f"--backend {build.backend} cannot build {what}: only the torch backend runs quantized "
+                         f"weights. Build with --backend torch.")
+    if build.tp_size > 1:
+        raise BuildError(f"--tp-size {build.tp_size} cannot build {what}: sharded engines hold unquantized weights.")
+    if model.num_experts or model.family == "gpt2":
+        raise BuildError(f"{model.architecture}: {what} is not supported for this family yet (pre-quantized "
+                         f"checkpoints are read for the dense Llama-style families: Llama, Mistral, Qwen2, Qwen3).")
+    layers = quantized_in_features(model)
+    if source.bits == 4:
+        for layer, k in layers.items():
+            if k % source.group_size or source.group_size % 2:
+                raise BuildError(f"{source.format} group_size {source.group_size} does not split {layer}'s "
+                                 f"{k} inputs into whole groups of an even size.")
+    return {"scheme": source.scheme, "group_size": source.group_size if source.bits == 4 else None,
+            "layers": [p for p in QUANTIZED_LAYERS if p in layers], "scales_dtype": "float32",
+            "lm_head": None, "lm_head_group_size": None, "zero_points": not source.sym, "act_order": source.desc_act,
+            "method": f"pre-quantized {source.format}: the checkpoint's codes, scales"
+                      f"{'' if source.sym else ' and zero points'} as they are (no re-quantization)",
+            "source_quantization": source.record()}
 
 
 def _eos_ids(src: Path, from_config: list[int]) -> list[int]:

@@ -30,6 +30,9 @@ class BuildReport:
     """int8 (--kv-cache-dtype int8: int8 values + float32 scales per token and head), or the model dtype."""
     family: str = ""
     """The weight-table family (ModelConfig.family), e.g. mixtral."""
+    source_quantization: dict | None = None
+    """A pre-quantized checkpoint's scheme (format gptq | awq | compressed-tensors, bits, group_size, sym,
+    desc_act, and the format's own fields), whose codes the engine keeps; None for a float checkpoint."""
     moe: dict | None = None
     """Mixture-of-Experts models: num_experts, top_k, renormalised, moe_layers (how many of num_layers),
     expert_intermediate_size, shared_expert_intermediate_size; None for a dense model."""
@@ -51,8 +54,18 @@ class BuildReport:
             f"= {self.kv_tokens:,} tokens",
             f"full-length sequences {self.full_length_sequences:,} (paged: any mix of shorter ones fits)",
             f"build time            {self.build_seconds:.1f} s, peak RSS {self.peak_rss_bytes / gib:.2f} GiB",
+            *self._source_lines(),
             *self._moe_lines(),
         ]
+
+    def _source_lines(self) -> list[str]:
+        s = self.source_quantization
+        if not s:
+            return []
+        group = "per channel" if s["group_size"] == -1 else f"group {s['group_size']}"
+        return [f"pre-quantized ({self.family}) {s['format']} {s['bits']}-bit, {group}, "
+                f"{'symmetric' if s['sym'] else 'asymmetric (zero points)'}"
+                f"{', act-order' if s['desc_act'] else ''}: the checkpoint's codes as {self.quantization}"]
 
     def _moe_lines(self) -> list[str]:
         m = self.moe
@@ -66,7 +79,8 @@ class BuildReport:
 
 
 def make_report(cfg: ModelConfig, build: BuildConfig, dtype: str, parameters: int,
-                weight_bytes: int, quantization: str | None = None, weight_bytes_unquantized: int = 0) -> BuildReport:
+                weight_bytes: int, quantization: str | None = None, weight_bytes_unquantized: int = 0,
+                source_quantization: dict | None = None) -> BuildReport:
     kv_dtype = getattr(build, "kv_cache_dtype", "auto")
     per_token = kv_bytes_per_token(cfg, dtype, kv_dtype)
     blocks = kv_num_blocks(cfg, dtype, build.kv_block_size, build.kv_cache_bytes, kv_dtype)
@@ -75,7 +89,8 @@ def make_report(cfg: ModelConfig, build: BuildConfig, dtype: str, parameters: in
                        kv_cache_bytes=build.kv_cache_bytes, kv_num_blocks=blocks, kv_tokens=tokens,
                        full_length_sequences=tokens // int(build.max_seq_len or 1), quantization=quantization,
                        weight_bytes_unquantized=weight_bytes_unquantized or weight_bytes,
-                       kv_cache_dtype="int8" if kv_dtype == "int8" else dtype, family=cfg.family, moe=_moe(cfg))
+                       kv_cache_dtype="int8" if kv_dtype == "int8" else dtype, family=cfg.family, moe=_moe(cfg),
+                       source_quantization=source_quantization)
 
 
 def _moe(cfg: ModelConfig) -> dict | None:

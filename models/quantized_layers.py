@@ -79,9 +79,15 @@ class QuantLinear(nn.Module):
         self.register_buffer("qweight", torch.empty(q_shape, dtype=q_dtype))
         self.register_buffer("scales", torch.empty(s_shape, dtype=torch.float32))
         self.bias = nn.Parameter(torch.empty(out_features)) if bias else None
+        self.register_buffer("zeros", None)  # pre-quantized checkpoints' layers only: `_load_from_state_dict`
+        self.register_buffer("perm", None)
         kernels = kernels or registry.choose("cpu", torch.float32)
-        self.native = kernels.quant_linear == "cpu"
+        self.c_kernels = kernels.quant_linear == "cpu"
         """Whether the C kernels run where they can (float32 CPU eager inference); else the reference."""
+        self.native = self.c_kernels
+        """Whether a caller may run this layer as the C kernel of (qweight, scales, bias) alone — the CPU decode
+        plan does: false for a pre-quantized layer with zero points or an input permutation (`zeros`, `perm`),
+        whose forward adds those around the kernel."""
         self.a8 = kernels.quant_activations == "int8" and ql.a8_ok(in_features, scheme, self.group)
         """Whether the C GEMV quantises the activations to int8 (any row count) or keeps them float."""
         self._dense = onednn_linear if kernels.linear == "cpu" else F.linear
@@ -91,6 +97,30 @@ class QuantLinear(nn.Module):
         memory quantising it saves): with float activations, more rows run the GEMV GEMV_MAX_ROWS
         rows at a time (the int8-activation kernel takes any number of rows anyway)."""
 
+    zeros: torch.Tensor | None
+    """Pre-quantized asymmetric checkpoints (GPTQ sym=false, AWQ, compressed-tensors with zero points): int8
+    [N, G] zero points in the codes' domain, w = (q - zero) · scale (G = K / group; 1 for int8_wo). The kernels
+    run on the codes and `quant_linear.zero_point_correction` takes Σ_g (scale · zero) · Σ_group x off."""
+    perm: torch.Tensor | None
+    """Pre-quantized GPTQ act-order (desc_act): int64 [K], the input each weight column holds (columns sorted
+    by group, so groups are contiguous); the input is gathered x[..., perm] first."""
+    _zero_scales: torch.Tensor | None = None
+
+    def _load_from_state_dict(self, state_dict: Any, prefix: str, *args: Any) -> None:
+        """`zeros` and `perm` exist where the engine file has them (pre-quantized checkpoints' layers)."""
+        for name in ("zeros", "perm"):
+            t = state_dict.get(prefix + name)
+            if t is not None and self._buffers.get(name) is None:
+                self.register_buffer(name, torch.empty(t.shape, dtype=t.dtype, device="meta"))
+        super()._load_from_state_dict(state_dict, prefix, *args)
+        if self.zeros is not None or self.perm is not None:
+            self.native = False  # the decode plan would call the kernel without them: not offered to it
+        if self.scheme == "int8_wo" and self.a8 and prefix + "qweight" in state_dict \
+                and not self.qweight.is_meta and int(self.qweight.min()) < -127:
+            # a pre-quantized int8 code of -128: the AVX2 int8-activation kernel carries x's sign on the
+            # weight (vpsignb), which -128 does not survive; the float-activation kernels take it
+            self.a8 = False
+
     def extra_repr(self) -> str:
         group = f", group_size={self.group}" if self.group else ""
         acts = "int8" if self.a8 else "float"
@@ -98,8 +128,9 @@ class QuantLinear(nn.Module):
                 f"{'C kernels' if self.native else 'reference'}, {acts} activations")
 
     def dequantized(self, dtype: torch.dtype = torch.float32) -> torch.Tensor:
+        """The float weight [N, K] (columns in `perm`'s order where the layer has one)."""
         q = self.qweight if self.qweight is not None else ql.unpack_int8_vnni(self.vnni[0], self.out_features)
-        return ql.dequantize(q, self.scales, self.scheme, self.group, dtype)
+        return ql.dequantize(q, self.scales, self.scheme, self.group, dtype, self.zeros)
 
     vnni: tuple[torch.Tensor, torch.Tensor] | None = None
     """int8 weights packed for the AVX-512 VNNI kernel (`pack_weights`), else None."""
@@ -109,29 +140,42 @@ class QuantLinear(nn.Module):
         where this build has it (AVX-512 VNNI: 5.9x the AVX2 kernel's rate at 64 rows, one core);
         the row-major qweight is then dropped, except the LM head's (a tied head's embeddings read
         its rows); the reference path unpacks it when it runs."""
-        if (self.vnni is None and self.scheme == "int8_wo" and self.a8 and self.native and self.qweight is not None
+        if (self.vnni is None and self.scheme == "int8_wo" and self.a8 and self.c_kernels and self.qweight is not None
                 and not self.qweight.is_meta and self.qweight.device.type == "cpu" and ql.vnni_available()):
             self.vnni = ql.pack_int8_vnni(self.qweight)
             if not self.gemv_only:  # a decoder layer, not the head
                 self.qweight = None
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        if self.native and ql.kernel_ok(x, self.in_features, self.group or 8):
-            if self.vnni is not None:
-                return ql.gemm_int8_vnni(x, *self.vnni, self.scales, self.bias, self.out_features)
-            rows = x.numel() // self.in_features
-            if rows <= GEMV_MAX_ROWS or self.a8:
-                return ql.gemv(x, self.qweight, self.scales, self.bias, self.scheme, self.group,
-                               "int8" if self.a8 else "float")
-            if self.gemv_only:
-                flat = x.reshape(rows, self.in_features)
-                return torch.cat([ql.gemv(flat[i:i + GEMV_MAX_ROWS], self.qweight, self.scales, self.bias,
-                                          self.scheme, self.group, "float") for i in range(0, rows, GEMV_MAX_ROWS)]
-                                 ).view(*x.shape[:-1], self.out_features)
-            w = ql.dequantize_into(_scratch_for(self.out_features, self.in_features), self.qweight, self.scales,
-                                   self.scheme, self.group)
-            return self._dense(x, w, self.bias)
+        if self.perm is not None:
+            x = x.index_select(-1, self.perm)
+        if self.c_kernels and ql.kernel_ok(x, self.in_features, self.group or 8):
+            y = self._kernel(x)
+            if self.zeros is not None:
+                if self._zero_scales is None:
+                    self._zero_scales = self.scales.view(self.out_features, -1) * self.zeros.view(
+                        self.out_features, -1).float()
+                y.view(-1, self.out_features).sub_(ql.zero_point_correction(x.reshape(-1, self.in_features),
+                                                                            self._zero_scales))
+            return y
         return F.linear(x, self.dequantized(x.dtype), self.bias)  # the reference
+
+    def _kernel(self, x: torch.Tensor) -> torch.Tensor:
+        """x · (q · scale)ᵀ + bias by the C kernels (zero points are not theirs: `forward` adds them)."""
+        if self.vnni is not None:
+            return ql.gemm_int8_vnni(x, *self.vnni, self.scales, self.bias, self.out_features)
+        rows = x.numel() // self.in_features
+        if rows <= GEMV_MAX_ROWS or self.a8:
+            return ql.gemv(x, self.qweight, self.scales, self.bias, self.scheme, self.group,
+                           "int8" if self.a8 else "float")
+        if self.gemv_only:
+            flat = x.reshape(rows, self.in_features)
+            return torch.cat([ql.gemv(flat[i:i + GEMV_MAX_ROWS], self.qweight, self.scales, self.bias,
+                                      self.scheme, self.group, "float") for i in range(0, rows, GEMV_MAX_ROWS)]
+                             ).view(*x.shape[:-1], self.out_features)
+        w = ql.dequantize_into(_scratch_for(self.out_features, self.in_features), self.qweight, self.scales,
+                               self.scheme, self.group)
+        return self._dense(x, w, self.bias)
 
 
 class QuantEmbedding(nn.Module):

@@ -114,13 +114,26 @@ def quantize(weight: torch.Tensor, scheme: str, group: int) -> tuple[torch.Tenso
 
 
 def dequantize(qweight: torch.Tensor, scales: torch.Tensor, scheme: str, group: int,
-               dtype: torch.dtype = torch.float32) -> torch.Tensor:
-    """The reference: float weights [N, K] (computed in float32, then cast to `dtype`)."""
-    if scheme == "int8_wo":
-        return (qweight.float() * scales.unsqueeze(1)).to(dtype)
-    q = unpack_int4(qweight).float()
+               dtype: torch.dtype = torch.float32, zeros: torch.Tensor | None = None) -> torch.Tensor:
+    """The reference: float weights [N, K] (computed in float32, then cast to `dtype`). zeros (int8 [N]
+    for int8_wo, [N, K/group] for int4_wo; pre-quantized asymmetric checkpoints): w = (q - zero) · scale,
+    the integer difference first, so each weight is one exact product."""
+    q = (qweight if scheme == "int8_wo" else unpack_int4(qweight)).to(torch.int32)
     n, k = q.shape
-    return (q.view(n, k // group, group) * scales.unsqueeze(-1)).view(n, k).to(dtype)
+    g = k if scheme == "int8_wo" else group
+    q = q.view(n, k // g, g)
+    if zeros is not None:
+        q = q - zeros.to(torch.int32).view(n, k // g, 1)
+    return (q.float() * scales.view(n, k // g, 1)).view(n, k).to(dtype)
+
+
+def zero_point_correction(x: torch.Tensor, zero_scales: torch.Tensor) -> torch.Tensor:
+    """What zero points take off a product whose kernel saw the codes alone: with w = (q - z) · s,
+    x·wᵀ = x·(q·s)ᵀ - Σ_g (s·z)[n, g] · Σ_{i in group g} x[i]. zero_scales: float32 [N, G] = s·z (exact:
+    a small integer times a scale); x [rows, K] → [rows, N]."""
+    rows, k = x.shape
+    g = zero_scales.shape[1]
+    return x.float().view(rows, g, k // g).sum(-1) @ zero_scales.t()
 
 
 # ---- activations quantised too (decode): the reference -------------------------------------------
@@ -278,4 +291,4 @@ def dequantize_into(out: torch.Tensor, qweight: torch.Tensor, scales: torch.Tens
 __all__ = ["ACT_BLOCK", "GEMV_MAX_ROWS", "QMAX", "SCHEMES", "a8_ok", "dequantize", "dequantize_into", "gemm_int8_vnni",
            "gemv", "pack_int8_vnni", "pack_int8_vnni_reference", "unpack_int8_vnni", "vnni_available",
            "gemv_a8_reference", "gemv_function", "kernel_ok", "pack_int4", "quantize", "quantize_activations",
-           "unpack_int4"]
+           "unpack_int4", "zero_point_correction"]
