@@ -125,6 +125,13 @@ class SamplingParams:
     likely tokens with theirs (n <= 20). Values are log_softmax of the model's raw logits (before
     penalties, temperature and filtering), as vLLM returns by default."""
 
+    prompt_logprobs: int | None = None
+    """None: no prompt logprobs. K in 0..20 (vLLM's `prompt_logprobs`): for every prompt token
+    after the first, its log-probability given the tokens before it, its rank, and the K most
+    likely tokens at that position (log_softmax of the raw logits, float32:
+    serving/prompt_logprobs.py). Such a request computes its whole prompt: it does not read the
+    prefix cache (as vLLM), so its num_cached_tokens is 0."""
+
     include_stop_str_in_output: bool = False
     """Return the matched stop string at the end of the output instead of cutting it off."""
 
@@ -298,6 +305,8 @@ _RULES = [
      "an integer in [0, max_tokens={max_tokens}]"),
     ("logprobs", lambda v, p: v is None or (_is_int(v) and 0 <= v <= MAX_LOGPROBS),
      f"None (off), 0 (chosen token only) or n in 1..{MAX_LOGPROBS} (also the top n)"),
+    ("prompt_logprobs", lambda v, p: v is None or (_is_int(v) and 0 <= v <= MAX_LOGPROBS),
+     f"None (off) or K in 0..{MAX_LOGPROBS} (each prompt token's logprob and the top K)"),
     ("stop_token_ids", lambda v, p: _int_ids(v, MAX_STOP_TOKEN_IDS),
      f"a list of at most {MAX_STOP_TOKEN_IDS} non-negative token ids"),
     ("stop", lambda v, p: _nonempty_strs(v, MAX_STOP_STRINGS, MAX_STOP_STRING_CHARS),

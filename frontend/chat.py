@@ -23,7 +23,7 @@ from trtforge.frontend.endpoints import (
     start_answer,
     stream_answer,
 )
-from trtforge.frontend.generation import Tally, chat_logprobs
+from trtforge.frontend.generation import Tally, chat_logprobs, vllm_prompt_logprobs
 from trtforge.frontend.responses import (
     ChatChoice,
     ChatChunkChoice,
@@ -71,16 +71,22 @@ async def create_chat_completion(body: ChatCompletionRequest, request: Request) 
     # Without a limit a reply may use the rest of the context (as OpenAI). A prompt that leaves
     # no room is sent with 1 so that the engine refuses it with its own message.
     max_tokens = body.token_limit() or max(1, served.max_seq_len - await offload(request, served.count_tokens, prompt))
-    answer = start_answer(request, body, prompt, max_tokens, "chatcmpl")
     parser = served.tool_parser(forced=body.forces_tool_call())
+    keep_special = bool(tools) and served.keeps_special_tokens(forced=body.forces_tool_call())
+    answer = start_answer(request, body, prompt, max_tokens, "chatcmpl", keep_special_tokens=keep_special)
     streams = [ToolCallStream(parser) if tools else None for _ in range(body.num_choices())]
     if body.stream:
         return await _stream(request, body, served, answer, streams)
     if not await collect(request, answer):
         return Response(status_code=499)
     choices = [_choice(body, served, sample, streams[sample.index]) for sample in answer.samples.samples]
+    prompt_logprobs = None
+    if body.prompt_logprobs is not None:  # the rendered prompt's, as vLLM (the same for every choice)
+        prompt_ids = await offload(request, served.encode, prompt)
+        prompt_logprobs = vllm_prompt_logprobs(served, prompt_ids, answer.samples.samples[0].tally.prompt_logprobs,
+                                               body.prompt_logprobs)
     return ChatCompletion(id=answer.id, created=answer.created, model=answer.model, choices=choices,
-                          usage=answer.samples.usage())
+                          usage=answer.samples.usage(), prompt_logprobs=prompt_logprobs)
 
 
 def _choice(body: ChatCompletionRequest, served: ServedModel, sample: Sample,

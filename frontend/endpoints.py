@@ -25,7 +25,14 @@ from typing import Any, AsyncIterator, Callable, Sequence, TypeVar
 from fastapi import Request, Response
 
 from trtforge.frontend.errors import INTERNAL_ERROR, REQUEST_ID, APIError, bad_request, log, model_not_found
-from trtforge.frontend.generation import Tally, completion_logprobs, ensemble_inputs
+from trtforge.frontend.generation import (
+    Tally,
+    completion_logprobs,
+    echo_logprobs,
+    ensemble_inputs,
+    joined_logprobs,
+    vllm_prompt_logprobs,
+)
 from trtforge.frontend.guard import TENANT_SALT, Limits, request_cache_salt
 from trtforge.frontend.responses import Completion, CompletionChoice, DetokenizeResponse, TokenizeResponse
 from trtforge.frontend.samples import Sample, Samples, choice_seed
@@ -50,13 +57,16 @@ class Answer:
     samples: Samples
 
 
-def start_answer(request: Request, body: SamplingFields, prompt: str, max_tokens: int, prefix: str) -> Answer:
-    """The request's `n` engine requests, ready to start (samples.Samples)."""
+def start_answer(request: Request, body: SamplingFields, prompt: str, max_tokens: int, prefix: str,
+                 keep_special_tokens: bool = False) -> Answer:
+    """The request's `n` engine requests, ready to start (samples.Samples); `keep_special_tokens`:
+    skip_special_tokens=false (a tool-call parser reads a special-token marker)."""
     served: ServedModel = request.app.state.served
     bridge: TritonBridge = request.app.state.bridge
     salt = request_cache_salt(request.scope.get(TENANT_SALT), body.cache_salt)
     samples = Samples(body.num_choices(), lambda: Tally(served, prompt, max_tokens), bridge.generate,
-                      lambda i: ensemble_inputs(body, prompt, max_tokens, salt, seed=choice_seed(body.seed, i)))
+                      lambda i: ensemble_inputs(body, prompt, max_tokens, salt, seed=choice_seed(body.seed, i),
+                                                keep_special_tokens=keep_special_tokens))
     return Answer(id=f"{prefix}-{uuid.uuid4().hex}", created=int(time.time()), model=served.name, samples=samples)
 
 
@@ -152,28 +162,41 @@ async def create_completion(body: CompletionRequest, request: Request) -> Respon
     want_logprobs, want_top = body.wants_logprobs(), body.num_top_logprobs()
     echo = body.prompt_text() if body.echo else ""
     usage_excluded = None if body.include_usage() else {"usage"}
+    # Prompt logprobs are keyed by the prompt's token ids, tokenized as the engine does.
+    prompt_ids = await offload(request, served.encode, body.prompt_text()) \
+        if body.engine_prompt_logprobs() is not None else []
+    echo_texts = await offload(request, served.prompt_token_texts, prompt_ids) if body.echoes_logprobs() else []
 
     def chunk(choices: list[CompletionChoice]) -> Completion:
         return Completion(id=answer.id, created=answer.created, model=answer.model, choices=choices)
 
+    def echoed(tally: Tally) -> Any:
+        return echo_logprobs(served, prompt_ids, echo_texts, tally.prompt_logprobs, want_top)
+
     if body.stream:
-        offsets = [0] * body.num_choices()
+        offsets = [len(echo) if body.echoes_logprobs() else 0] * body.num_choices()
+        echo_sent: set[int] = set()
 
         def piece_chunks(sample: Sample, piece: Piece, texts: list[str]) -> list[str]:
+            out = []
+            if body.echoes_logprobs() and sample.index not in echo_sent:  # the prompt, with its logprobs
+                echo_sent.add(sample.index)
+                out.append(sse(chunk([CompletionChoice(index=sample.index, text=echo,
+                                                       logprobs=echoed(sample.tally))]), usage_excluded))
             if not piece.text and not (want_logprobs and texts):
-                return []
+                return out
             logprobs = completion_logprobs(served, texts, piece.logprobs, piece.top_logprobs or [], want_top,
                                            offsets[sample.index]) if want_logprobs else None
             offsets[sample.index] += len(piece.text)
-            return [sse(chunk([CompletionChoice(index=sample.index, text=piece.text, logprobs=logprobs)]),
-                        usage_excluded)]
+            return out + [sse(chunk([CompletionChoice(index=sample.index, text=piece.text, logprobs=logprobs)]),
+                              usage_excluded)]
 
         def tails(sample: Sample) -> list[str]:
             return [sse(chunk([CompletionChoice(index=sample.index, text="", finish_reason=sample.tally.finish_reason(),
                                                 stop_reason=sample.tally.stop_reason())]), usage_excluded)]
 
         heads = [sse(chunk([CompletionChoice(index=i, text=echo)]), usage_excluded)
-                 for i in range(body.num_choices())] if echo else []
+                 for i in range(body.num_choices())] if echo and not body.echoes_logprobs() else []
         return await stream_answer(request, answer, body, piece_chunks, heads, tails,
                                    lambda: sse(chunk([]).model_copy(update={"usage": answer.samples.usage()})))
     if not await collect(request, answer):
@@ -182,9 +205,14 @@ async def create_completion(body: CompletionRequest, request: Request) -> Respon
     for sample in answer.samples.samples:
         tally = sample.tally
         logprobs = completion_logprobs(served, tally.token_texts, tally.logprobs, tally.top_logprobs,
-                                       want_top) if want_logprobs else None
+                                       want_top, offset=len(echo)) if want_logprobs else None
+        if body.echoes_logprobs():
+            logprobs = joined_logprobs(echoed(tally), logprobs)
+        prompt_logprobs = None if body.prompt_logprobs is None else vllm_prompt_logprobs(
+            served, prompt_ids, tally.prompt_logprobs, body.prompt_logprobs)
         choices.append(CompletionChoice(index=sample.index, text=echo + tally.text, logprobs=logprobs,
-                                        finish_reason=tally.finish_reason(), stop_reason=tally.stop_reason()))
+                                        finish_reason=tally.finish_reason(), stop_reason=tally.stop_reason(),
+                                        prompt_logprobs=prompt_logprobs))
     return chunk(choices).model_copy(update={"usage": answer.samples.usage()})
 
 

@@ -25,13 +25,15 @@ from trtforge.frontend.responses import (
     ChatLogprobs,
     CompletionLogprobs,
     FinishReason,
+    PromptLogprob,
+    PromptLogprobs,
     PromptTokensDetails,
     TopLogprob,
     Usage,
 )
 from trtforge.frontend.schemas import SamplingFields
 from trtforge.frontend.served_model import ServedModel
-from trtforge.frontend.triton_bridge import Piece
+from trtforge.frontend.triton_bridge import Piece, PromptEntry
 from trtforge.model_repo.client import request_arrays
 
 OPENAI_TEMPERATURE = 1.0
@@ -52,11 +54,14 @@ _REQUEST_SEED = object()
 
 
 def ensemble_inputs(req: SamplingFields, prompt: str, max_tokens: int,
-                    cache_salt: str | None = None, seed: int | None | object = _REQUEST_SEED) -> dict[str, np.ndarray]:
+                    cache_salt: str | None = None, seed: int | None | object = _REQUEST_SEED,
+                    keep_special_tokens: bool = False) -> dict[str, np.ndarray]:
     """The ensemble's input arrays for one request: streamed; with per-token log-probabilities
-    (and `num_top_logprobs` alternatives) when the client asked for them. `cache_salt`: the
-    request's prefix-cache salt as the guard resolved it (guard.request_cache_salt); `seed`: this
-    choice's seed (samples.choice_seed), the request's when not given."""
+    (and `num_top_logprobs` alternatives) when the client asked for them, and the prompt's
+    (`prompt_logprobs`, echo with logprobs). `cache_salt`: the request's prefix-cache salt as the
+    guard resolved it (guard.request_cache_salt); `seed`: this choice's seed (samples.choice_seed),
+    the request's when not given; `keep_special_tokens`: skip_special_tokens=false whatever the
+    request says (a tool-call parser reads a special-token marker)."""
     top_p = req.top_p
     if top_p == 0.0:
         top_p = TOP_P_MOST_LIKELY
@@ -71,7 +76,9 @@ def ensemble_inputs(req: SamplingFields, prompt: str, max_tokens: int,
         presence_penalty=req.presence_penalty,
         frequency_penalty=req.frequency_penalty, stop_words=stops or None,
         min_tokens=max_tokens if req.ignore_eos else req.min_tokens, cache_salt=cache_salt,
-        guided_decoding_guide_type=guide_type, guided_decoding_guide=guide)
+        guided_decoding_guide_type=guide_type, guided_decoding_guide=guide,
+        prompt_logprobs=req.engine_prompt_logprobs(),
+        skip_special_tokens=False if keep_special_tokens or req.skip_special_tokens is False else None)
 
 
 @dataclass
@@ -90,9 +97,14 @@ class Tally:
     top_logprobs: list[list[tuple[int, float]]] = field(default_factory=list)
     last: Piece | None = None
     """The request's last response: the counts and why it finished."""
+    prompt_logprobs: list[PromptEntry] | None = None
+    """The prompt's log-probabilities (prompt_logprobs, echo with logprobs), from the response
+    that carried them."""
 
     def add(self, piece: Piece) -> list[str]:
         """Record a response; returns the token texts it added."""
+        if piece.prompt_logprobs is not None:
+            self.prompt_logprobs = piece.prompt_logprobs
         texts = [piece.text if i == 0 else "" for i in range(len(piece.logprobs))]
         self.text += piece.text
         self.token_texts += texts
@@ -156,3 +168,49 @@ def chat_logprobs(served: ServedModel, texts: list[str], logprobs: list[float],
             TopLogprob(token=(alt := served.token_text(token_id)), logprob=alt_lp, bytes=list(alt.encode("utf-8")))
             for token_id, alt_lp in row])
         for text, lp, row in zip(texts, logprobs, rows)])
+
+
+def checked_entries(entries: list[PromptEntry] | None, prompt_ids: list[int]) -> list[PromptEntry]:
+    """The prompt's entries, one per prompt token after the first (a 500 if the ensemble's answer
+    does not fit the prompt as this front end tokenizes it)."""
+    entries = entries or []
+    if len(entries) != max(0, len(prompt_ids) - 1):
+        raise server_error(f"the ensemble returned {len(entries)} prompt logprobs for a prompt of {len(prompt_ids)} "
+                           "tokens: the repository's models are older than this front end, or tokenize otherwise")
+    return entries
+
+
+def vllm_prompt_logprobs(served: ServedModel, prompt_ids: list[int], entries: list[PromptEntry] | None,
+                         k: int) -> PromptLogprobs:
+    """vLLM's `prompt_logprobs`: None for the first token, then per prompt token {token id: entry}
+    of the token itself and the `k` most likely tokens there (ranks 1..k)."""
+    out: PromptLogprobs = [None]
+    for token_id, entry in zip(prompt_ids[1:], checked_entries(entries, prompt_ids)):
+        position = {str(token_id): PromptLogprob(logprob=entry.logprob, rank=entry.rank,
+                                                 decoded_token=served.token_text(token_id))}
+        for rank, (alt, lp) in enumerate(entry.top[:k], start=1):
+            position.setdefault(str(alt), PromptLogprob(logprob=lp, rank=rank, decoded_token=served.token_text(alt)))
+        out.append(position)
+    return out
+
+
+def echo_logprobs(served: ServedModel, prompt_ids: list[int], texts: list[str], entries: list[PromptEntry] | None,
+                  want_top: int) -> CompletionLogprobs:
+    """Legacy completions `logprobs` of the echoed prompt (`texts`: each prompt token's text, as
+    ServedModel.prompt_token_texts): the first token's logprob and alternatives null, as OpenAI."""
+    entries = checked_entries(entries, prompt_ids)
+    got = completion_logprobs(served, texts[1:], [e.logprob for e in entries], [e.top[:want_top] for e in entries],
+                              want_top, offset=len(texts[0]) if texts else 0)
+    return CompletionLogprobs(
+        tokens=texts[:1] + got.tokens, token_logprobs=[None][:len(texts)] + got.token_logprobs,
+        text_offset=[0][:len(texts)] + got.text_offset,
+        top_logprobs=None if got.top_logprobs is None else [None][:len(texts)] + got.top_logprobs)
+
+
+def joined_logprobs(first: CompletionLogprobs, then: CompletionLogprobs) -> CompletionLogprobs:
+    """Two runs of legacy `logprobs` (the echoed prompt's, then the generated tokens') as one."""
+    tops = None if first.top_logprobs is None and then.top_logprobs is None else \
+        (first.top_logprobs or []) + (then.top_logprobs or [])
+    return CompletionLogprobs(tokens=first.tokens + then.tokens,
+                              token_logprobs=first.token_logprobs + then.token_logprobs,
+                              text_offset=first.text_offset + then.text_offset, top_logprobs=tops)

@@ -30,14 +30,28 @@ class Usage(BaseModel):
 
 
 class CompletionLogprobs(BaseModel):
-    """Legacy completions log-probabilities: one entry per generated token."""
+    """Legacy completions log-probabilities: one entry per generated token (with echo, the prompt's
+    tokens first: the first one's logprob and alternatives null, as OpenAI)."""
 
     tokens: list[str] = Field(description="The text each token added (see docs/serving.md).")
-    token_logprobs: list[float]
+    token_logprobs: list[float | None]
     text_offset: list[int]
-    top_logprobs: list[dict[str, float]] | None = Field(None, description=(
+    top_logprobs: list[dict[str, float] | None] | None = Field(None, description=(
         "With logprobs=K > 0: per token, its K most likely alternatives (each token's own text: "
         "token text -> log-probability)."))
+
+
+class PromptLogprob(BaseModel):
+    """vLLM's Logprob: one token's entry at a prompt position."""
+
+    logprob: float
+    rank: int = Field(description="1 + the number of tokens more likely than it at this position.")
+    decoded_token: str = Field(description="The token's own text (decoded alone).")
+
+
+PromptLogprobs = list[dict[str, PromptLogprob] | None]
+"""vLLM's `prompt_logprobs`: null for the first prompt token, then per prompt token {token id: entry}
+of the token itself and the K most likely there."""
 
 
 class CompletionChoice(BaseModel):
@@ -46,6 +60,7 @@ class CompletionChoice(BaseModel):
     logprobs: CompletionLogprobs | None = None
     finish_reason: FinishReason | None = None
     stop_reason: StopReason = None
+    prompt_logprobs: PromptLogprobs | None = None
 
 
 class Completion(BaseModel):
@@ -109,6 +124,7 @@ class ChatCompletion(BaseModel):
     model: str
     choices: list[ChatChoice]
     usage: Usage
+    prompt_logprobs: PromptLogprobs | None = None
 
 
 class _OmitNone(BaseModel):

@@ -164,17 +164,23 @@ class SamplingFields(BaseModel):
     structured_outputs: StructuredOutputs | None = Field(None, description=(
         "Extension (as vLLM): constrain the output to a JSON Schema, a regex, one of several choices "
         "or an EBNF grammar (docs/serving.md, Structured output)."))
-    prompt_logprobs: int | None = Field(None, description=(
-        "Extension (vLLM's): not supported (the engine computes logits at sampled positions only); "
-        "leave it out."), json_schema_extra={"enum": [None]})
+    prompt_logprobs: int | None = Field(None, ge=0, le=MAX_TOP_LOGPROBS, description=(
+        "Extension (vLLM's): the log-probability of every prompt token after the first, and the "
+        f"0..{MAX_TOP_LOGPROBS} most likely tokens at each position: the answer's `prompt_logprobs` "
+        "(a list, null first, then {token id: {logprob, rank, decoded_token}} per prompt token). "
+        "Not with stream=true (as vLLM). Such a request computes its whole prompt (no prefix-cache hit)."))
+    skip_special_tokens: bool | None = Field(True, description=(
+        "Extension (vLLM's): false keeps special tokens (EOS, chat and tool markers) in the text."))
 
-    @field_validator("prompt_logprobs")
-    @classmethod
-    def _no_prompt_logprobs(cls, value: int | None) -> int | None:
-        if value is not None:
-            raise ValueError(f"prompt_logprobs={value} is not supported by trtforge: the engine computes "
-                             "logits only where it samples a token, not at prompt positions; leave it out")
-        return value
+    @model_validator(mode="after")
+    def _prompt_logprobs_not_streamed(self) -> "SamplingFields":
+        if self.prompt_logprobs is not None and self.stream:
+            raise ValueError("prompt_logprobs are not available with stream=true (as vLLM): send stream=false")
+        return self
+
+    def engine_prompt_logprobs(self) -> int | None:
+        """Alternatives the engine computes per prompt position (None: no prompt logprobs)."""
+        return self.prompt_logprobs
 
     def num_top_logprobs(self) -> int:
         """Most likely alternatives asked for per generated token (0: none)."""
@@ -219,8 +225,8 @@ class CompletionRequest(SamplingFields):
         "The log-probability of each generated token, and this many most likely alternatives "
         f"(0..{MAX_TOP_LOGPROBS}: OpenAI allows 5, vLLM 20)."))
     echo: bool | None = Field(False, description=(
-        "true: the prompt text comes first in the answer's text (not with logprobs: the engine "
-        "has no prompt log-probabilities)."))
+        "true: the prompt text comes first in the answer's text; with logprobs, the prompt's tokens "
+        "come first in `logprobs` too (the first one's logprob null, as OpenAI)."))
     best_of: int | None = Field(None, json_schema_extra=_only(1), description="Only 1.")
     suffix: str | None = Field(None, json_schema_extra={"maxLength": 0},
                                description="Not supported.")
@@ -234,13 +240,14 @@ class CompletionRequest(SamplingFields):
                              "batches and token-id prompts are not supported")
         return prompt
 
-    @field_validator("echo")
-    @classmethod
-    def _echo_without_logprobs(cls, echo: bool | None, info: Any) -> bool | None:
-        if echo and info.data.get("logprobs") is not None:  # logprobs is declared (validated) first
-            raise ValueError("echo=true with logprobs needs the prompt's log-probabilities, which trtforge "
-                             "does not compute; send echo or logprobs, not both")
-        return echo
+    def echoes_logprobs(self) -> bool:
+        """echo=true with logprobs: the prompt's tokens lead `logprobs`."""
+        return bool(self.echo) and self.logprobs is not None
+
+    def engine_prompt_logprobs(self) -> int | None:
+        if not self.echoes_logprobs():
+            return self.prompt_logprobs
+        return max(self.logprobs or 0, self.prompt_logprobs or 0)
 
     def num_top_logprobs(self) -> int:
         return self.logprobs or 0

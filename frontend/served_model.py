@@ -19,7 +19,13 @@ from typing import Any
 
 from trtforge.frontend.errors import bad_request
 from trtforge.frontend.schemas import ChatMessage
-from trtforge.frontend.tool_parsers import TOOL_CALL_PARSERS, Parser, parse_forced, parser_for_template
+from trtforge.frontend.tool_parsers import (
+    PARSER_MARKERS,
+    TOOL_CALL_PARSERS,
+    Parser,
+    parse_forced,
+    parser_for_template,
+)
 from trtforge.frontend.tool_prompt import conversation, template_source, template_takes_tools
 from trtforge.frontend.tool_schemas import Tool
 from trtforge.model_repo.interface import ENSEMBLE
@@ -67,6 +73,32 @@ class ServedModel:
         if backend is not None and hasattr(backend, "encode_batch"):
             return list(backend.encode_batch([text], add_special_tokens=False)[0].ids)
         return list(self.tokenizer.encode(text, add_special_tokens=False))
+
+    def prompt_token_texts(self, token_ids: list[int]) -> list[str]:
+        """The text each prompt token adds to the text of those before it (special tokens kept;
+        "" for a token that ends half a UTF-8 character, the next one carries it), so that they
+        join into the decoded prompt: what echo's `logprobs.tokens` list. Decodes every
+        prefix: O(P^2) characters, on the tokenizer pool."""
+        texts, before = [], ""
+        for i in range(len(token_ids)):
+            text = self.tokenizer.decode(list(token_ids[:i + 1]), skip_special_tokens=False)
+            if text.endswith("\ufffd") and i + 1 < len(token_ids):  # half a character: the next token completes it
+                texts.append("")
+                continue
+            texts.append(text[len(before):] if text.startswith(before) else self.token_text(token_ids[i]))
+            before = text
+        return texts
+
+    def keeps_special_tokens(self, forced: bool) -> bool:
+        """The tool-call parser in effect reads a marker that this tokenizer holds as a special
+        token (Mistral's `[TOOL_CALLS]`, Llama's `<|python_tag|>`, a `<tool_call>` marked special):
+        the output must keep special tokens (skip_special_tokens=false) for the parser to see it."""
+        marker = None if forced else PARSER_MARKERS.get(self.tool_call_parser or "hermes")
+        if marker is None:
+            return False
+        decoder = getattr(self.tokenizer, "added_tokens_decoder", None) or {}
+        special = {getattr(t, "content", str(t)) for t in decoder.values() if getattr(t, "special", False)}
+        return marker in special or marker in set(getattr(self.tokenizer, "all_special_tokens", []) or [])
 
     def decode(self, token_ids: list[int]) -> str:
         """The text of `token_ids` (special tokens kept, as /detokenize returns them)."""

@@ -170,8 +170,9 @@ def parse_mistral(text: str, final: bool) -> Parsed:
     if marker >= 0:
         content, j = text[:marker], skip_ws(text, marker + len(MISTRAL_MARKER))
     else:
-        # The marker is a special token, which the engine's detokenizer skips: an answer that
-        # is a JSON array of call objects is read as calls too.
+        # The marker is a special token: the front end asks for it to be kept
+        # (skip_special_tokens=false, ServedModel.keeps_special_tokens); an answer that is a JSON
+        # array of call objects (a server that skipped it) is read as calls too.
         j = skip_ws(text, 0)
         if j >= len(text) or text[j] != "[":
             return _content_until(text, MISTRAL_MARKER, final) if j < len(text) or final else Parsed("")
@@ -193,6 +194,10 @@ TOOL_CALL_PARSERS: dict[str, Parser] = {
     "mistral": parse_mistral,
 }
 """`--tool-call-parser` choices."""
+
+PARSER_MARKERS = {"hermes": HERMES_START, "llama3_json": PYTHON_TAG, "mistral": MISTRAL_MARKER}
+"""The marker each parser reads. Where the tokenizer holds it as a special token the engine must
+not skip special tokens, or the marker never reaches the parser (ServedModel.keeps_special_tokens)."""
 
 _TEMPLATE_MARKERS = ((HERMES_START, "hermes"), (MISTRAL_MARKER, "mistral"), (PYTHON_TAG, "llama3_json"),
                      ("ipython", "llama3_json"))

@@ -2,7 +2,8 @@
 
 Every request goes to the decoupled `ensemble` model as a stream (`stream=true`): each response
 carries one engine step's text (with `return_log_probs` / `num_top_logprobs`, the
-log-probabilities of the tokens it added and their alternatives), and the last response says how
+log-probabilities of the tokens it added and their alternatives; with `prompt_logprobs`, one
+response also carries the prompt's), and the last response says how
 the request ended: `num_input_tokens`, `num_output_tokens`, `num_cached_tokens`, `finish_reason`
 and `stop_reason` / `stop_token_id`.
 
@@ -57,6 +58,32 @@ class Piece:
     stop_reason: str | int | None = None
     """The stop string, or the stop token id, that ended the request."""
     num_cached_tokens: int | None = None
+    prompt_logprobs: list[PromptEntry] | None = None
+    """On the response carrying them (prompt_logprobs asked): per prompt token after the first."""
+
+
+@dataclass
+class PromptEntry:
+    """One prompt token's log-probability given the tokens before it (the ensemble's
+    prompt_log_probs / prompt_logprob_ranks / prompt_top_logprobs_ids / prompt_top_logprobs row)."""
+
+    logprob: float
+    rank: int
+    top: list[tuple[int, float]]
+    """Its position's most likely (token id, logprob) pairs, most likely first."""
+
+
+def prompt_entries(result: InferResult) -> list[PromptEntry] | None:
+    """The prompt logprobs of a response, None if it has none."""
+    logprobs, ranks = result.as_numpy("prompt_log_probs"), result.as_numpy("prompt_logprob_ranks")
+    if logprobs is None or ranks is None:
+        return None
+    ids, values = result.as_numpy("prompt_top_logprobs_ids"), result.as_numpy("prompt_top_logprobs")
+    top = top_logprobs_of({"top_logprobs_ids": ids, "top_logprobs": values}) if ids is not None \
+        and values is not None else None
+    logprobs, ranks = np.asarray(logprobs).reshape(-1).tolist(), np.asarray(ranks).reshape(-1).tolist()
+    return [PromptEntry(float(lp), int(rank), top[i] if top else [])
+            for i, (lp, rank) in enumerate(zip(logprobs, ranks))]
 
 
 def error_for_message(message: str) -> APIError:
@@ -132,6 +159,7 @@ def piece_of(response: service_pb2.ModelInferResponse) -> Piece:
         finish_reason=_optional_text(result, "finish_reason"),
         stop_reason=stop_text if stop_text is not None else stop_token,
         num_cached_tokens=_optional_int(result, "num_cached_tokens"),
+        prompt_logprobs=prompt_entries(result),
     )
 
 

@@ -59,6 +59,8 @@ INPUTS: tuple[TensorSpec, ...] = (
     _opt("cache_salt", "TYPE_STRING"),
     _opt("guided_decoding_guide_type", "TYPE_STRING"),
     _opt("guided_decoding_guide", "TYPE_STRING"),
+    _opt("prompt_logprobs", "TYPE_INT32"),
+    _opt("skip_special_tokens", "TYPE_BOOL"),
 )
 
 OUTPUTS: tuple[TensorSpec, ...] = (
@@ -73,6 +75,10 @@ OUTPUTS: tuple[TensorSpec, ...] = (
     TensorSpec("stop_reason", "TYPE_STRING", (-1,)),
     TensorSpec("stop_token_id", "TYPE_INT32", (1,)),
     TensorSpec("num_cached_tokens", "TYPE_INT32", (1,)),
+    TensorSpec("prompt_log_probs", "TYPE_FP32", (-1,)),
+    TensorSpec("prompt_logprob_ranks", "TYPE_INT32", (-1,)),
+    TensorSpec("prompt_top_logprobs_ids", "TYPE_INT32", (-1, -1)),
+    TensorSpec("prompt_top_logprobs", "TYPE_FP32", (-1, -1)),
 )
 """TensorRT-LLM's outputs, then trtforge's (docs/serving.md, Inputs and outputs):
 

@@ -21,6 +21,12 @@ docs/serving.md:
 * `num_top_logprobs` (a trtforge input, vLLM's `logprobs`): 0..20 most likely tokens per
   generated token, returned as `top_logprobs_ids` / `top_logprobs`; > 0 implies
   `return_log_probs`.
+* `prompt_logprobs` (a trtforge input; vLLM's and TensorRT-LLM's LLM-API SamplingParams field):
+  K in 0..20, the log-probability of every prompt token after the first and the K most likely
+  tokens at each position (outputs `prompt_log_probs`, `prompt_logprob_ranks`,
+  `prompt_top_logprobs_ids`, `prompt_top_logprobs`). Left out: none.
+* `skip_special_tokens` (a trtforge input, vLLM's field; default true): false keeps special tokens
+  (`[TOOL_CALLS]`, `<|python_tag|>`, EOS) in `text_output`.
 * `pad_id` and `length_penalty` are accepted and have no effect (packed batches have no padding;
   there is no beam search); `pad_id` must still be a token id >= 0. `beam_width` /
   `num_return_sequences` other than 1 and `return_context_logits` / `return_generation_logits`
@@ -66,6 +72,11 @@ class GenerationRequest:
     num_top_logprobs: int = 0
     """Also return this many most likely tokens per generated token (`top_logprobs_ids`,
     `top_logprobs`)."""
+
+    @property
+    def prompt_logprobs(self) -> int | None:
+        """Alternatives asked for per prompt position (`prompt_logprobs`); None: none asked."""
+        return self.params.prompt_logprobs
 
 
 def _scalar(inputs: Mapping[str, np.ndarray], name: str) -> Any | None:
@@ -155,6 +166,17 @@ def _num_top_logprobs(inputs: Mapping[str, np.ndarray]) -> int:
     return int(value)
 
 
+def _prompt_logprobs(inputs: Mapping[str, np.ndarray]) -> int | None:
+    value = _scalar(inputs, "prompt_logprobs")
+    if value is None:
+        return None
+    if isinstance(value, (bytes, str, bool)) or (isinstance(value, float) and not value.is_integer()) \
+            or not 0 <= int(value) <= MAX_LOGPROBS:
+        raise ValueError(f"prompt_logprobs={value!r} is invalid: send an integer 0..{MAX_LOGPROBS} (the most "
+                         "likely tokens returned per prompt position), or leave it out.")
+    return int(value)
+
+
 def parse_request(inputs: Mapping[str, np.ndarray], exclude_input_default: bool = False
                   ) -> GenerationRequest:
     """Build a GenerationRequest; ValueError says which input is wrong and what to send."""
@@ -188,6 +210,12 @@ def parse_request(inputs: Mapping[str, np.ndarray], exclude_input_default: bool 
     if cache_salt is not None:
         kwargs["cache_salt"] = _text(cache_salt, "cache_salt")
     kwargs.update(_guide(inputs))
+    prompt_logprobs = _prompt_logprobs(inputs)
+    if prompt_logprobs is not None:
+        kwargs["prompt_logprobs"] = prompt_logprobs
+    skip_special = _scalar(inputs, "skip_special_tokens")
+    if skip_special is not None:
+        kwargs["skip_special_tokens"] = bool(skip_special)
     top = _num_top_logprobs(inputs)
     return_log_probs = bool(_scalar(inputs, "return_log_probs") or False) or top > 0
     if return_log_probs:

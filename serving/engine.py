@@ -17,6 +17,14 @@ verifies them, and each request's committed tokens — one or several — go thr
 stop checks one by one, so a stop inside the accepted drafts ends the request there. A
 disaggregated engine (phase context or generation) moves KV through one KVConnector, whose hooks
 are the only KV-transfer code here.
+
+Prompt logprobs (SamplingParams.prompt_logprobs): each prefill chunk of such a request also
+returns the logits rows of its prompt positions (model_inputs.prepare_inputs, after the sampling
+rows), scored at once into the request's PromptLogprobsState (serving/prompt_logprobs.py), so no
+more than a chunk's rows exist at a time; the entries go out on the request's first output (the
+first token's, or the context phase's handoff). Such a request does not read the prefix cache:
+its Sequence gets a prefix-cache namespace of its own (a salt naming the request), so no prompt
+position is skipped (vLLM skips the prefix-cache read for these requests too).
 """
 
 from __future__ import annotations
@@ -42,6 +50,7 @@ from trtforge.serving.core.sequence import Sequence, SequenceStatus
 from trtforge.serving.detokenizer import IncrementalDetokenizer
 from trtforge.serving.kv_connector import KVConnector, KVHandle, make_connector
 from trtforge.serving.outputs import FinishReason, RequestMetrics, RequestOutput
+from trtforge.serving.prompt_logprobs import PromptLogprob, PromptLogprobsState
 from trtforge.serving.sampler import Sampler, SamplingState
 from trtforge.serving.spec_decode.controller import SpecDecodeController
 from trtforge.serving.spec_decode.step import sample_step
@@ -137,6 +146,13 @@ class _Request:
     """Speculative decoding: draft tokens verified for this request."""
     num_accepted_tokens: int = 0
     """Of those, accepted."""
+    prompt_lp: PromptLogprobsState | None = None
+    """Prompt logprobs asked for: the entries scored so far (None: not asked)."""
+
+
+_PROMPT_LOGPROBS_SALT = "\0trtforge prompt_logprobs\0"
+"""Prefix of the prefix-cache namespace of a prompt_logprobs request (then its request id): it
+shares no cached block, so every prompt position is computed and scored."""
 
 
 def num_kv_blocks(cfg: EngineConfig, kv_cache_memory: str | int | None) -> int:
@@ -276,6 +292,7 @@ class LLMEngine:
         req = _Request(rid, len(ids), state,
                        IncrementalDetokenizer(self.tokenizer, ids, params.skip_special_tokens),
                        StopChecker(self.scheduler_config.max_seq_len), RequestMetrics(arrival))
+        req.prompt_lp, salt = self._prompt_logprobs_state(params, ids, rid, handoff)
         if handoff is not None:
             first = int(handoff.first_token)
             try:
@@ -293,7 +310,7 @@ class LLMEngine:
         seq = Sequence(seq_id=rid, prompt_token_ids=list(ids), max_tokens=max_tokens,
                        output_token_ids=list(state.output_token_ids), arrival_time=arrival,
                        num_external_tokens=len(ids) if handoff is not None else 0,
-                       cache_salt=params.cache_salt)
+                       cache_salt=salt)
         try:
             self.scheduler.add(seq)  # validates length and KV need, bounds the waiting queue
         except EngineOverloaded:
@@ -306,6 +323,22 @@ class LLMEngine:
         if handoff is None:  # a handed-over prompt was computed (and counted) on the context side
             self.prompt_tokens_total += len(ids)
         return rid
+
+    def _prompt_logprobs_state(self, params: SamplingParams, ids: list[int], rid: str,
+                               handoff: KVHandle | None) -> tuple[PromptLogprobsState | None, str | None]:
+        """(the request's PromptLogprobsState, its Sequence's cache salt): without prompt_logprobs
+        (None, its own salt); with them, a namespace of its own. Refuses, by name, prompt_logprobs
+        where the prompt is not computed here (the generation phase) or where the network returns
+        only the sampled rows (a TensorRT plan)."""
+        if params.prompt_logprobs is None:
+            return None, params.cache_salt
+        if handoff is not None or self.phase is Phase.GENERATION:
+            raise ValueError("prompt_logprobs: the generation phase continues a prompt the context phase "
+                             "computed; ask the context phase (or a co-located engine) for them")
+        if self.engine_config.backend == "tensorrt":
+            raise ValueError("prompt_logprobs is not supported with the tensorrt backend (its plan returns "
+                             "at most max_batch_size logits rows per step): serve with --backend torch")
+        return PromptLogprobsState(list(ids), params.prompt_logprobs), f"{_PROMPT_LOGPROBS_SALT}{rid}"
 
     def grammar_compiler(self) -> GrammarCompiler:
         """The compiler of structured-output grammars for this engine's tokenizer and vocabulary
@@ -456,10 +489,14 @@ class LLMEngine:
         """Run the batch and sample: {request id: its committed tokens} (one, or a verification's
         accepted drafts + one), where requested {request id: their logprobs}, and {request id:
         error} for the requests the sampler could not serve (they get no token)."""
-        inputs = prepare_inputs(sched, self.scheduler_config.block_size, self.executor.device)
+        wanted = {c.seq_id: (lp.next_position, lp.end_position) for c in sched.chunks
+                  if (lp := getattr(self._requests.get(c.seq_id), "prompt_lp", None)) is not None and not lp.done}
+        inputs = prepare_inputs(sched, self.scheduler_config.block_size, self.executor.device, wanted)
         logits = self.executor.execute(inputs)  # always: a non-sampling prefill chunk still writes KV
+        prompt_failed = self._score_prompt(inputs, logits)
+        logits = logits[:inputs.num_sample_rows]
         if not inputs.sample_seq_ids:
-            return {}, {}, {}
+            return {}, {}, prompt_failed
         ids = inputs.sample_seq_ids
         if any(n > 1 for n in inputs.sample_num_rows):  # a speculative verification is in the batch
             step = sample_step(self.sampler, logits, inputs, sched, {i: self._requests[i].sampling for i in ids})
@@ -468,13 +505,31 @@ class LLMEngine:
                 req = self._requests[rid]
                 req.num_draft_tokens += proposed
                 req.num_accepted_tokens += accepted
-            return step.tokens, step.logprobs, step.failed
+            return step.tokens, step.logprobs, {**step.failed, **prompt_failed}
         result = self.sampler.sample(logits, [self._requests[i].sampling for i in ids])
-        failed = {ids[row]: error for row, error in result.errors.items()}
+        failed = {**prompt_failed, **{ids[row]: error for row, error in result.errors.items()}}
         sampled = {i: [t] for i, t in zip(ids, result.token_ids) if i not in failed}
         logprobs = {i: [(lp, top)] for i, lp, top in zip(ids, result.logprobs, result.top_logprobs)
                     if lp is not None and i not in failed}
         return sampled, logprobs, failed
+
+    def _score_prompt(self, inputs: Any, logits: torch.Tensor) -> dict[str, str]:
+        """Score the prompt-logprob rows (after the sampling rows) into their requests' states;
+        {request id: error} for a request whose rows could not be scored (it fails alone)."""
+        failed: dict[str, str] = {}
+        row = inputs.num_sample_rows
+        for seq_id, first, n in inputs.prompt_rows:
+            try:
+                self._requests[seq_id].prompt_lp.add(first, logits[row:row + n])
+            except Exception as exc:  # noqa: BLE001 - this request only
+                failed[seq_id] = f"{type(exc).__name__}: {exc}"
+            row += n
+        return failed
+
+    @staticmethod
+    def _prompt_logprobs(req: _Request) -> list[PromptLogprob] | None:
+        """The request's prompt logprobs for the output now being built: once, on its first."""
+        return req.prompt_lp.take() if req.prompt_lp is not None else None
 
     def _on_token(self, req: _Request, token: int, logprob: Logprob | None, now: float) -> RequestOutput:
         m = req.metrics
@@ -497,7 +552,8 @@ class LLMEngine:
             return self._save_kv(req, token, text, lps, tops)
         if reason is None:
             req.text += text
-            return RequestOutput(request_id=req.request_id, new_token_ids=[token], text_delta=text,
+            return RequestOutput(prompt_logprobs=self._prompt_logprobs(req),
+                                 request_id=req.request_id, new_token_ids=[token], text_delta=text,
                                  output_token_ids=list(req.sampling.output_token_ids), text=req.text,
                                  finished=False, finish_reason=None,
                                  num_prompt_tokens=req.num_prompt_tokens, metrics=m, logprobs=lps,
@@ -551,7 +607,8 @@ class LLMEngine:
             cum_logprob=req.cum_logprob if req.sampling.params.logprobs is not None else None,
             error=error, stop_reason=req.stop.stop_reason, kv_handle=kv_handle,
             num_cached_tokens=req.num_cached_tokens or 0, num_draft_tokens=req.num_draft_tokens,
-            num_accepted_tokens=req.num_accepted_tokens)
+            num_accepted_tokens=req.num_accepted_tokens,
+            prompt_logprobs=self._prompt_logprobs(req) if new_ids else None)  # not on an abort
 
     # ---- conveniences -----------------------------------------------------------------------
     def generate(self, prompts: Iterable[str | list[int]],
@@ -566,6 +623,7 @@ class LLMEngine:
         final: dict[str, RequestOutput] = {}
         lps: dict[str, list[float]] = {}
         tops: dict[str, list[TopLogprobs]] = {}
+        prompt_lps: dict[str, list[PromptLogprob]] = {}
         try:
             while nxt is not None or len(final) < len(rids):
                 while nxt is not None:
@@ -579,12 +637,15 @@ class LLMEngine:
                     lps[rid], tops[rid] = [], []
                     nxt = next(todo, None)
                 for out in self.step():
+                    prompt_lps[out.request_id] = (out.prompt_logprobs if out.prompt_logprobs is not None
+                                                  else prompt_lps.get(out.request_id))
                     if out.logprobs is not None and out.request_id in lps:
                         lps[out.request_id] += out.logprobs
                         tops[out.request_id] += out.top_logprobs or []
                     if out.finished:
                         if lps.get(out.request_id):  # the final output carries every token's logprobs
                             out.logprobs, out.top_logprobs = lps[out.request_id], tops[out.request_id]
+                        out.prompt_logprobs = prompt_lps[out.request_id]  # and the prompt's, sent on the first
                         final[out.request_id] = out
         except (ValueError, EngineOverloaded):  # withdraw the ones queued or running, then report
             for rid in rids:

@@ -87,6 +87,10 @@ class RequestOutput:
     num_accepted_tokens: int = 0
     """Of those, accepted: tokens that cost no target step of their own (acceptance rate =
     num_accepted_tokens / num_draft_tokens)."""
+    prompt_logprobs: list[Any] | None = None
+    """Prompt logprobs (SamplingParams.prompt_logprobs): on the request's first output only (that
+    of its first token, or the context phase's handoff), one PromptLogprob
+    (serving/prompt_logprobs.py) per prompt token after the first, in order; None otherwise."""
     kv_handle: Any = None
     """Context phase only (finish_reason handoff): the KVHandle the generation phase continues
     from."""

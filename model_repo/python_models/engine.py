@@ -27,6 +27,12 @@ The same file serves the phase models of a disaggregated repository (`phase` par
 model_repo/phases.py): `context` answers with the first token and `context_phase_params` (the KV
 handle), `generation` continues from one. The router calls them by gRPC, like any client, so a
 cancel reaches them as it reaches the co-located model; they may be pinned to CPU cores (`cpus`).
+The phase models refuse `prompt_logprobs` (INVALID_ARG, by name): the router forwards only the
+outputs of the generated tokens.
+
+Prompt logprobs (`prompt_logprobs` = K) go out once, with the first response sent after the engine
+computed them (a stream's first; the only response otherwise): `prompt_log_probs`,
+`prompt_logprob_ranks`, `prompt_top_logprobs_ids` / `prompt_top_logprobs` (interface.py).
 """
 
 from __future__ import annotations
@@ -77,6 +83,8 @@ class _Active:
     logprobs: list[float] = field(default_factory=list)
     top_logprobs: list[list[tuple[int, float]]] = field(default_factory=list)
     cum_logprob: float = 0.0
+    prompt_logprobs: list[Any] | None = None
+    """The engine's prompt logprobs, not sent yet (serving/prompt_logprobs.PromptLogprob)."""
 
 
 class TritonPythonModel(DecoupledModel):
@@ -122,7 +130,12 @@ class TritonPythonModel(DecoupledModel):
         self.intake(requests, PHASE_MODEL_INPUTS, self._parse, self._accept)
 
     def _parse(self, arrays: dict[str, np.ndarray]) -> tuple[Any, Any]:
-        return parse_request(arrays, self.exclude_input_default), self._phase_input(arrays)
+        parsed = parse_request(arrays, self.exclude_input_default)
+        if parsed.prompt_logprobs is not None and self.phase != Phase.BOTH:
+            raise ValueError(f"prompt_logprobs={parsed.prompt_logprobs} is not supported by a disaggregated "
+                             f"repository (this is its {self.phase} model): the router forwards the "
+                             "generated tokens' outputs only; serve the model co-located for prompt logprobs")
+        return parsed, self._phase_input(arrays)
 
     def _accept(self, sender: Any, parsed: tuple[Any, Any], arrays: dict[str, np.ndarray]) -> None:
         # Arrival is now: a deadline (timeout_s) counts the wait for the engine thread too.
@@ -259,6 +272,8 @@ class TritonPythonModel(DecoupledModel):
             self.send_error(active.sender, output.error or f"request {output.finish_reason}ed", code)
             return
         new_logprobs = list(output.logprobs or [])
+        if output.prompt_logprobs is not None:
+            active.prompt_logprobs = output.prompt_logprobs
         active.logprobs.extend(new_logprobs)
         active.top_logprobs.extend(output.top_logprobs or [])
         if output.cum_logprob is not None:
@@ -271,7 +286,7 @@ class TritonPythonModel(DecoupledModel):
         answer = self._answer(active, output, new_logprobs)
         flags = self.final if output.finished else 0
         if answer is not None or flags:
-            response = None if answer is None else answer.response(pb_utils)
+            response = None if answer is None else self._response(active, answer)
             self.send(active.sender, response, flags, gone=None if output.finished else output.request_id)
 
     def _answer(self, active: _Active, output: Any, new_logprobs: list[float]) -> Answer | None:
@@ -283,7 +298,8 @@ class TritonPythonModel(DecoupledModel):
             text, logprobs, tops = output.text_delta, new_logprobs, new_tops
             final = {"num_cached_tokens": output.num_cached_tokens}  # the router puts it on the last response
         elif req.stream:
-            if not output.finished and not output.text_delta and not (req.return_log_probs and new_logprobs):
+            if not output.finished and not output.text_delta and not (req.return_log_probs and new_logprobs) \
+                    and active.prompt_logprobs is None:
                 return None
             text, logprobs, tops = output.text_delta, new_logprobs, new_tops
             final = _final_fields(output) if output.finished else {}
@@ -298,6 +314,36 @@ class TritonPythonModel(DecoupledModel):
                       top_logprobs=tops if req.num_top_logprobs else None,
                       context_phase_params=(output.kv_handle.to_json().encode("utf-8")
                                             if output.kv_handle is not None else None))
+
+
+    @staticmethod
+    def _response(active: _Active, answer: Answer) -> Any:
+        """The response of `answer`, with the prompt logprobs if they are still to be sent."""
+        tensors = answer.tensors(pb_utils)
+        if active.prompt_logprobs is not None:
+            entries, active.prompt_logprobs = active.prompt_logprobs, None
+            tensors += [pb_utils.Tensor(name, array) for name, array in prompt_logprob_arrays(
+                entries, active.request.prompt_logprobs or 0).items()]
+        return pb_utils.InferenceResponse(output_tensors=tensors)
+
+
+def prompt_logprob_arrays(entries: list[Any], k: int) -> dict[str, np.ndarray]:
+    """The prompt logprob outputs (with the batch dimension) of the engine's entries, one per
+    prompt token after the first: [1, P-1] logprobs and ranks, [1, P-1, K] alternatives (none
+    when K is 0; nothing for a one-token prompt: no empty tensors)."""
+    n = len(entries)
+    if n == 0:
+        return {}
+    arrays = {"prompt_log_probs": np.array([e.logprob for e in entries], dtype=np.float32).reshape(1, n),
+              "prompt_logprob_ranks": np.array([e.rank for e in entries], dtype=np.int32).reshape(1, n)}
+    if k == 0:
+        return arrays
+    ids = np.zeros((1, n, k), dtype=np.int32)
+    values = np.full((1, n, k), -np.inf, dtype=np.float32)
+    for i, e in enumerate(entries):
+        ids[0, i, :len(e.top)] = [t for t, _ in e.top]
+        values[0, i, :len(e.top)] = [v for _, v in e.top]
+    return {**arrays, "prompt_top_logprobs_ids": ids, "prompt_top_logprobs": values}
 
 
 def _final_fields(output: Any) -> dict[str, Any]:

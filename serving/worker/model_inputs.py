@@ -4,7 +4,9 @@ The only place where the scheduler's plain data becomes tensors; it reads the ch
 never a Sequence, so it could run in another process than the scheduler. Chunks are packed back to back
 (decodes first, then prefill chunks — the scheduler's order); a chunk whose last token reaches
 the end of its sequence contributes one row of logits — a verification chunk (speculative
-decoding: its last token + k drafts) one row per token, k + 1 rows, in order.
+decoding: its last token + k drafts) one row per token, k + 1 rows, in order. A prefill chunk of a
+request asking for prompt logprobs (`prompt_positions`) also contributes the rows of its prompt
+positions still to score, after every sampling row (serving/prompt_logprobs.py).
 """
 
 from __future__ import annotations
@@ -31,13 +33,25 @@ class ModelInputs:
     """seq_id of each sampling chunk, in order (its rows follow one another)."""
     sample_num_rows: list[int] = field(default_factory=list)
     """Logits rows of each sampling chunk (1, or 1 + its drafts); [] means one each."""
+    prompt_rows: list[tuple[SeqId, int, int]] = field(default_factory=list)
+    """Prompt logprobs: (seq_id, first position, number of rows) of each chunk's prompt-position
+    rows, which follow all the sampling rows in `logits_indices`, in this order."""
+
+    @property
+    def num_sample_rows(self) -> int:
+        """Logits rows the sampler reads: the leading ones (the prompt-logprob rows follow)."""
+        return int(self.logits_indices.shape[0]) - sum(n for _, _, n in self.prompt_rows)
 
     @property
     def num_tokens(self) -> int:
         return int(self.input_ids.shape[0])
 
 
-def prepare_inputs(out: SchedulerOutput, block_size: int, device: torch.device | str = "cpu") -> ModelInputs:
+def prepare_inputs(out: SchedulerOutput, block_size: int, device: torch.device | str = "cpu",
+                   prompt_positions: dict[SeqId, tuple[int, int]] | None = None) -> ModelInputs:
+    """`prompt_positions`: {seq_id: (first, end)} of the requests asking for prompt logprobs, the
+    positions [first, end) whose logits rows are still needed; a prefill chunk of theirs adds the
+    rows of its positions in that range."""
     ids: list[int] = []
     positions: list[int] = []
     slots: list[int] = []
@@ -47,6 +61,8 @@ def prepare_inputs(out: SchedulerOutput, block_size: int, device: torch.device |
     sample_ids: list[SeqId] = []
     sample_rows: list[int] = []
     tables = []
+    extra: list[int] = []
+    prompt_rows: list[tuple[SeqId, int, int]] = []
     for chunk in out.chunks:
         start, n, table = chunk.start, chunk.num_tokens, chunk.block_table
         end = start + n
@@ -57,6 +73,13 @@ def prepare_inputs(out: SchedulerOutput, block_size: int, device: torch.device |
         seq_lens.append(end)
         starts.append(starts[-1] + n)
         tables.append(table)
+        wanted = prompt_positions.get(chunk.seq_id) if prompt_positions and not chunk.is_decode else None
+        if wanted is not None:
+            lo, hi = max(start, wanted[0]), min(end, wanted[1])
+            if lo < hi:
+                base = starts[-1] - n - start  # packed index of position 0 of this chunk's sequence
+                extra.extend(range(base + lo, base + hi))
+                prompt_rows.append((chunk.seq_id, lo, hi - lo))
         if chunk.sample:
             rows = 1 + chunk.num_draft_tokens
             logits_indices.extend(range(starts[-1] - rows, starts[-1]))
@@ -77,7 +100,8 @@ def prepare_inputs(out: SchedulerOutput, block_size: int, device: torch.device |
         input_ids=torch.tensor(ids, dtype=i64, device=device),
         positions=torch.tensor(positions, dtype=i64, device=device),
         meta=meta,
-        logits_indices=torch.tensor(logits_indices, dtype=i64, device=device),
+        logits_indices=torch.tensor(logits_indices + extra, dtype=i64, device=device),
         sample_seq_ids=sample_ids,
         sample_num_rows=sample_rows,
+        prompt_rows=prompt_rows,
     )

@@ -273,6 +273,35 @@ def test_top_logprobs_stop_reasons_and_cached_tokens_are_the_engines(api):
     check_cached_tokens(api.client, NAME, api.count)
 
 
+def check_prompt_logprobs(api, prompt: str) -> None:
+    """echo + logprobs (OpenAI's legacy shape) and vLLM's prompt_logprobs, through tritonserver: the
+    in-process engine's prompt logprobs (tests/serving/test_prompt_logprobs.py holds those to HF's)."""
+    from trtforge.config.sampling import SamplingParams
+
+    tok = api.engine.tokenizer
+    ids = tok.encode(prompt, add_special_tokens=False)
+    (want,) = api.engine.generate([prompt], SamplingParams(max_tokens=4, logprobs=2, prompt_logprobs=2))
+    got = api.client.completions.create(model=NAME, prompt=prompt, max_tokens=4, temperature=0, echo=True,
+                                        logprobs=2).choices[0]
+    n, lp = len(ids), got.logprobs
+    assert got.text == prompt + want.text and "".join(lp.tokens[:n]) == tok.decode(ids)
+    assert lp.token_logprobs[0] is None and lp.top_logprobs[0] is None
+    assert lp.token_logprobs[1:] == pytest.approx([e.logprob for e in want.prompt_logprobs] + want.logprobs, abs=1e-4)
+    for alts, entry in zip(lp.top_logprobs[1:n], want.prompt_logprobs):
+        assert list(alts) == list(top_by_text(tok, entry.top))
+    got = api.client.completions.create(model=NAME, prompt=prompt, max_tokens=4, temperature=0,
+                                        extra_body={"prompt_logprobs": 1}).choices[0]
+    plp = got.model_extra["prompt_logprobs"]
+    assert plp[0] is None and len(plp) == n
+    for position, token_id, entry in zip(plp[1:], ids[1:], want.prompt_logprobs):
+        mine = position[str(token_id)]
+        assert mine["logprob"] == pytest.approx(entry.logprob, abs=1e-4) and mine["rank"] == entry.rank
+        assert mine["decoded_token"] == tok.decode([token_id], skip_special_tokens=False)
+        assert str(entry.top[0][0]) in position
+    with pytest.raises(openai.BadRequestError, match="stream=true"):
+        api.client.completions.create(model=NAME, prompt=prompt, stream=True, extra_body={"prompt_logprobs": 1})
+
+
 def test_echo_tokenize_and_detokenize(api):
     prompt = PROMPTS[2]
     want = api.greedy(prompt)
@@ -281,8 +310,7 @@ def test_echo_tokenize_and_detokenize(api):
     text, _ = _stream_text(api.client.completions.create(model=NAME, prompt=prompt, max_tokens=MAX_TOKENS,
                                                          temperature=0, echo=True, stream=True))
     assert text == prompt + want.text
-    with pytest.raises(openai.BadRequestError, match="echo=true with logprobs"):
-        api.client.completions.create(model=NAME, prompt=prompt, echo=True, logprobs=1)
+    check_prompt_logprobs(api, prompt)
     root = api.serve.openai_url.removesuffix("/v1")
     code, answer = _post_to(root + "/tokenize", {"model": NAME, "prompt": prompt})
     ids = api.engine.tokenizer.encode(prompt, add_special_tokens=False)
@@ -372,7 +400,7 @@ def test_documented_errors_have_their_status_and_error_object(api):
     cases = [  # (body, status, param)
         ({**ok, "n": 17}, 400, "n"), ({**ok, "temperature": 3}, 400, "temperature"),
         ({**ok, "max_tokens": 0}, 400, "max_tokens"), ({**ok, "logprobs": 21}, 400, "logprobs"),
-        ({**ok, "echo": True, "logprobs": 0}, 400, "echo"), ({**ok, "prompt_logprobs": 1}, 400, "prompt_logprobs"),
+        ({**ok, "prompt_logprobs": 21}, 400, "prompt_logprobs"),
         ({**ok, "prompt": [1, 2, 3]}, 400, "prompt"), ({**ok, "stop": ""}, 400, "stop"),
         ({**ok, "prompt": too_long}, 400, None),  # the model refuses: > max_seq_len
         ({**ok, "prompt": too_long, "stream": True}, 400, None),

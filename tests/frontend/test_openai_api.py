@@ -71,8 +71,9 @@ def test_logprobs_and_their_alternatives_reach_the_ensemble(body, logprobs):
     ({"n": 17}, "n", "less than or equal to 16"),
     ({"n": 0}, "n", "greater than or equal to 1"),
     ({"logprobs": 21}, "logprobs", "less than or equal to 20"),
-    ({"logprobs": 0, "echo": True}, "echo", "echo=true with logprobs"),
-    ({"prompt_logprobs": 1}, "prompt_logprobs", "not supported"),
+    ({"prompt_logprobs": 21}, "prompt_logprobs", "less than or equal to 20"),
+    ({"prompt_logprobs": -1}, "prompt_logprobs", "greater than or equal to 0"),
+    ({"prompt_logprobs": 1, "stream": True}, "", "not available with stream=true"),
     ({"prompt": [1, 2]}, "prompt", "token-id prompts are not supported"),
     ({"prompt": ["a", "b"]}, "prompt", "one text prompt"),
     ({"prompt": "\ud800"}, "prompt", "unicode"),
@@ -95,7 +96,8 @@ def test_chat_request_limits():
     ok = {"model": "m", "messages": [{"role": "user", "content": "hi"}]}
     assert ChatCompletionRequest.model_validate({**ok, "max_tokens": 3,
                                                  "max_completion_tokens": 7}).token_limit() == 7
-    for fields in ({"top_logprobs": 2}, {"logprobs": True, "top_logprobs": 21}, {"prompt_logprobs": 0},
+    for fields in ({"top_logprobs": 2}, {"logprobs": True, "top_logprobs": 21}, {"prompt_logprobs": 21},
+                   {"prompt_logprobs": 0, "stream": True},
                    {"tools": [{"type": "function"}]}, {"messages": []},
                    {"messages": [{"role": "user", "content": [{"type": "image_url"}]}]},
                    {"response_format": {"type": "json_object"}, "structured_outputs": {"regex": "a"}},

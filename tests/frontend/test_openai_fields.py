@@ -15,16 +15,23 @@ from tests.frontend.stub_bridge import StubBridge
 from tests.helpers.checkpoints import tokenizer as tiny_tokenizer
 from trtforge.frontend import server
 from trtforge.frontend.served_model import ServedModel
-from trtforge.frontend.triton_bridge import Piece
+from trtforge.frontend.triton_bridge import Piece, PromptEntry
 from trtforge.model_repo.request import parse_request
 
 PROMPT = "Hello there"
 CHAT = {"model": "tiny", "messages": [{"role": "user", "content": "Hi"}], "max_tokens": 3}
 
 
+def prompt_entries(prompt: str, k: int) -> list[PromptEntry]:
+    """What the ensemble answers for prompt_logprobs=k: one entry per prompt token after the first."""
+    n = len(tiny_tokenizer().encode(prompt, add_special_tokens=False))
+    return [PromptEntry(-0.5 * i, i, [(20 + j, -0.01 * (j + 1)) for j in range(k)]) for i in range(1, n)]
+
+
 class EngineLikeBridge(StubBridge):
     """Answers like the ensemble model: 3 tokens in 2 responses, the last one with the counts, why it
-    finished, and the cached prompt tokens; log-probabilities only when the request asks."""
+    finished, and the cached prompt tokens; log-probabilities (the prompt's on the first response)
+    only when the request asks."""
 
     sent: list = []
 
@@ -37,7 +44,9 @@ class EngineLikeBridge(StubBridge):
             return [[(10 + i + j, -0.1 * (j + 1)) for j in range(k)] for i in range(n)] if k else None
 
         logprobs = parsed.return_log_probs
-        yield Piece("ab", [-0.1] if logprobs else [], False, top_logprobs=top(1))
+        k_prompt = parsed.prompt_logprobs
+        yield Piece("ab", [-0.1] if logprobs else [], False, top_logprobs=top(1),
+                    prompt_logprobs=None if k_prompt is None else prompt_entries(parsed.prompt, k_prompt))
         yield Piece("c", [-0.2, -0.3] if logprobs else [], True, num_input_tokens=4, num_output_tokens=3,
                     top_logprobs=top(2), finish_reason="stop", stop_reason="\n\n", num_cached_tokens=2)
 
@@ -108,10 +117,65 @@ def test_echo_puts_the_prompt_first(client):
     events = _events(client.post("/v1/completions", json={**body, "stream": True}))
     assert events[0]["choices"][0]["text"] == PROMPT
     assert "".join(c["text"] for e in events for c in e["choices"]) == PROMPT + "abc"
-    refused = client.post("/v1/completions", json={**body, "logprobs": 0})
-    assert refused.status_code == 400 and refused.json()["error"]["param"] == "echo"
-    refused = client.post("/v1/completions", json={**body, "echo": False, "prompt_logprobs": 1})
-    assert refused.status_code == 400 and refused.json()["error"]["param"] == "prompt_logprobs"
+    assert EngineLikeBridge.sent[-1].prompt_logprobs is None  # echo alone needs no prompt logprobs
+
+
+def test_echo_with_logprobs_puts_the_prompts_tokens_first(client):
+    tok = tiny_tokenizer()
+    ids = tok.encode(PROMPT, add_special_tokens=False)
+    body = {"model": "tiny", "prompt": PROMPT, "max_tokens": 3, "echo": True, "logprobs": 2}
+    answer = client.post("/v1/completions", json=body).json()["choices"][0]
+    assert EngineLikeBridge.sent[-1].prompt_logprobs == 2
+    lp, n = answer["logprobs"], len(ids)
+    assert answer["text"] == PROMPT + "abc"
+    assert "".join(lp["tokens"][:n]) == PROMPT and lp["tokens"][n:] == ["ab", "c", ""]
+    assert lp["token_logprobs"][0] is None and lp["top_logprobs"][0] is None  # as OpenAI
+    assert lp["token_logprobs"][1:n] == pytest.approx([-0.5 * i for i in range(1, n)])
+    assert lp["token_logprobs"][n:] == pytest.approx([-0.1, -0.2, -0.3])
+    assert lp["top_logprobs"][1] == pytest.approx({tok.decode([20]): -0.01, tok.decode([21]): -0.02})
+    assert lp["text_offset"][0] == 0 and lp["text_offset"][n] == len(PROMPT)
+    assert lp["text_offset"][:n] == [len("".join(lp["tokens"][:i])) for i in range(n)]
+    events = _events(client.post("/v1/completions", json={**body, "stream": True}))
+    first = events[0]["choices"][0]
+    assert first["text"] == PROMPT and first["logprobs"]["tokens"] == lp["tokens"][:n]
+    assert first["logprobs"]["token_logprobs"] == lp["token_logprobs"][:n]
+    assert "".join(c["text"] for e in events for c in e["choices"]) == PROMPT + "abc"
+    assert [t for e in events for c in e["choices"] if c.get("logprobs") for t in c["logprobs"]["text_offset"]] \
+        == lp["text_offset"]
+
+
+def test_prompt_logprobs_in_vllms_shape(client):
+    tok = tiny_tokenizer()
+    ids = tok.encode(PROMPT, add_special_tokens=False)
+    body = {"model": "tiny", "prompt": PROMPT, "max_tokens": 3, "prompt_logprobs": 1}
+    choice = client.post("/v1/completions", json=body).json()["choices"][0]
+    assert EngineLikeBridge.sent[-1].prompt_logprobs == 1
+    plp = choice["prompt_logprobs"]
+    assert plp[0] is None and len(plp) == len(ids)
+    for i, position in enumerate(plp[1:], start=1):
+        assert position[str(ids[i])] == {"logprob": pytest.approx(-0.5 * i), "rank": i,
+                                         "decoded_token": tok.decode([ids[i]])}
+        assert position["20"] == {"logprob": pytest.approx(-0.01), "rank": 1, "decoded_token": tok.decode([20])}
+        assert len(position) == 2
+    chat = client.post("/v1/chat/completions", json={**CHAT, "prompt_logprobs": 0}).json()
+    template = tok.apply_chat_template([{"role": "user", "content": "Hi"}], tokenize=False, add_generation_prompt=True)
+    chat_ids = tok.encode(template, add_special_tokens=False)
+    assert chat["prompt_logprobs"][0] is None and len(chat["prompt_logprobs"]) == len(chat_ids)
+    assert [list(p) for p in chat["prompt_logprobs"][1:]] == [[str(t)] for t in chat_ids[1:]]
+    assert client.post("/v1/completions", json={**body, "max_tokens": 3}).json()["choices"][0]["prompt_logprobs"]
+    plain = client.post("/v1/completions", json={**body, "prompt_logprobs": None}).json()
+    assert plain["choices"][0]["prompt_logprobs"] is None and EngineLikeBridge.sent[-1].prompt_logprobs is None
+    for bad, words in (({"prompt_logprobs": 21}, "less than or equal to 20"),
+                       ({"stream": True}, "not available with stream=true")):
+        refused = client.post("/v1/completions", json={**body, **bad})
+        assert refused.status_code == 400 and words in refused.json()["error"]["message"]
+
+
+def test_skip_special_tokens_goes_to_the_ensemble(client):
+    client.post("/v1/completions", json={"model": "tiny", "prompt": PROMPT, "max_tokens": 3})
+    assert EngineLikeBridge.sent[-1].params.skip_special_tokens is True
+    client.post("/v1/chat/completions", json={**CHAT, "skip_special_tokens": False})
+    assert EngineLikeBridge.sent[-1].params.skip_special_tokens is False
 
 
 def test_tokenize_and_detokenize_in_vllms_shapes(client):

@@ -122,3 +122,40 @@ def test_partial_json_scanning():
 ])
 def test_the_default_parser_follows_the_chat_template(template, parser):
     assert parser_for_template(template) == parser
+
+
+@pytest.mark.parametrize("parser, marker, answer", [
+    ("mistral", "[TOOL_CALLS]", 'Sure.[TOOL_CALLS][{"name": "f", "arguments": {"x": 1}}]'),
+    ("llama3_json", "<|python_tag|>", '<|python_tag|>{"name": "f", "parameters": {"x": 1}}'),
+])
+def test_a_special_token_marker_reaches_the_parser_with_skip_special_tokens_false(parser, marker, answer):
+    """Where the tokenizer holds the parser's marker as a special token, the engine's detokenizer
+    would drop it (skip_special_tokens, the default): the front end then asks to keep special tokens."""
+    from pathlib import Path
+
+    from tests.helpers.checkpoints import train_tiny_tokenizer
+    from trtforge.frontend.served_model import ServedModel
+    from trtforge.serving.detokenizer import IncrementalDetokenizer
+
+    tok = train_tiny_tokenizer(vocab_size=512)
+    plain = ServedModel(name="m", engine_dir=Path("/nonexistent"), tokenizer=tok, max_seq_len=64,
+                        tool_call_parser=parser)
+    assert not plain.keeps_special_tokens(forced=False)  # the marker is plain text to this tokenizer
+    tok.add_special_tokens({"additional_special_tokens": [marker]})
+    served = ServedModel(name="m", engine_dir=Path("/nonexistent"), tokenizer=tok, max_seq_len=64,
+                         tool_call_parser=parser)
+    assert served.keeps_special_tokens(forced=False) and not served.keeps_special_tokens(forced=True)
+    ids = tok.encode(answer, add_special_tokens=False)
+    assert tok.convert_tokens_to_ids(marker) in ids
+
+    def streamed(skip: bool) -> str:
+        detok = IncrementalDetokenizer(tok, [], skip_special_tokens=skip)
+        return "".join(detok.step([t]) for t in ids) + detok.flush()
+
+    kept = TOOL_CALL_PARSERS[parser](streamed(False), True)
+    assert [(c.name, json.loads(c.arguments)) for c in kept.calls] == [("f", {"x": 1})]
+    assert marker not in streamed(True)
+    if parser == "mistral":
+        assert kept.content == "Sure."
+        skipped = TOOL_CALL_PARSERS[parser](streamed(True), True)  # "Sure.[{...}]": the marker is gone
+        assert not skipped.calls

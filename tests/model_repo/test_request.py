@@ -141,3 +141,15 @@ def test_ttft_and_tpot_follow_vllm_definitions():
     assert time_to_first_token(_Times()) == pytest.approx(0.5)
     assert time_per_output_token(_Times(), 5) == pytest.approx(0.5)  # 2 s over 4 gaps
     assert time_per_output_token(_Times(), 1) is None
+
+
+def test_prompt_logprobs_and_skip_special_tokens_inputs():
+    req = parse_request(request_arrays("x", 2, prompt_logprobs=3, skip_special_tokens=False))
+    assert (req.prompt_logprobs, req.params.prompt_logprobs, req.params.skip_special_tokens) == (3, 3, False)
+    assert req.params.logprobs is None  # the generated tokens' are asked separately
+    plain = parse_request(request_arrays("x", 2))
+    assert (plain.prompt_logprobs, plain.params.skip_special_tokens) == (None, True)
+    assert parse_request(request_arrays("x", 2, prompt_logprobs=0)).prompt_logprobs == 0
+    for bad in (21, -1):
+        with pytest.raises(ValueError, match=r"prompt_logprobs=.* is invalid: send an integer 0..20"):
+            parse_request(request_arrays("x", 2, prompt_logprobs=bad))
