@@ -95,6 +95,10 @@ class BuildConfig:
             from trtforge.builder.checkpoint import check_pickle_safe
 
             check_pickle_safe(torch.__version__)
+        # The torch backend's attention honours each layer's window (ModelConfig.layer_windows), so a windowed
+        # model serves sequences longer than its window; the other backends cannot, so they stay capped at it.
+        if self.backend == "torch":
+            sliding_window = None
         limit = min(max_position_embeddings, sliding_window or max_position_embeddings)
         if self.max_seq_len is None:
             self.max_seq_len = min(limit, rope_limit or limit)

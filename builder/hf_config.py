@@ -107,6 +107,24 @@ def _sliding_window(hf: Any) -> int | None:
     return window
 
 
+def _layer_windows(hf: Any, layer_types: list[str] | None) -> list[int] | None:
+    """Per layer the sliding window the op applies (0: full attention), as transformers decides it: layer_types'
+    "sliding_attention" layers (Gemma 2/3, Qwen2/Qwen3 configs that list them); Qwen2/Qwen3 without layer_types:
+    the layers from max_window_layers on, when use_sliding_window; Mistral (no layer_types): every layer.
+    None: no layer is windowed."""
+    window = _sliding_window(hf)
+    if not window:
+        return None
+    layers = int(hf.num_hidden_layers)
+    if layer_types is not None:
+        windows = [int(window) if t == "sliding_attention" else 0 for t in layer_types]
+    elif getattr(hf, "max_window_layers", None) is not None and getattr(hf, "use_sliding_window", None) is not None:
+        windows = [int(window) if i >= int(hf.max_window_layers) else 0 for i in range(layers)]
+    else:
+        windows = [int(window)] * layers
+    return windows if any(windows) else None
+
+
 def _from_hf(spec: ArchSpec, hf: Any) -> ModelConfig:
     def g(name: str, default: Any = None) -> Any:
         return getattr(hf, name, default)
@@ -155,6 +173,7 @@ def _from_hf(spec: ArchSpec, hf: Any) -> ModelConfig:
         o_bias=attention_bias and spec.family in ("llama", "qwen3", "gemma2", "gemma3", "qwen3_moe"),
         mlp_bias=bool(g("mlp_bias", False)), qk_norm=spec.qk_norm, rope_type=rope_type,
         rope_theta=theta, sliding_window=_sliding_window(hf), rotary_dim=rotary_dim,
+        layer_windows=_layer_windows(hf, extra.get("layer_types", g("layer_types"))),
         bos_token_id=g("bos_token_id"), eos_token_ids=_eos_list(g("eos_token_id")), pad_token_id=g("pad_token_id"),
         torch_dtype=_dtype_name(hf), **extra,
     )

@@ -50,9 +50,16 @@ class ModelConfig:
     rope_attention_scaling: float = 1.0
     """Multiplier of cos/sin (YaRN's mscale); 1.0 for the other RoPE types."""
     sliding_window: int | None = None
-    """The smallest attention window of the model's sliding layers (None: all full attention). The build caps
-    max_seq_len at it, so within an engine's limits every layer attends to its whole context (exactly what a
+    """The smallest attention window of the model's sliding layers (None: all full attention). With
+    `layer_windows` set the network honours each layer's window (the op's `window`) and the torch build no longer
+    caps max_seq_len at it; without (engines built before), and for backends that cannot honour windows
+    (tensorrt, trtllm), the build caps max_seq_len at it, so every layer attends to its whole context (exactly what a
     sliding-window layer does for sequences no longer than its window)."""
+    layer_windows: list[int] | None = None
+    """Per layer, the attention window the paged-KV op applies (a token at p sees (p - window, p], transformers'
+    rule); 0: full attention. Mistral: every layer; Qwen2/Qwen3 with use_sliding_window: layers >= max_window_layers
+    (or as layer_types says); Gemma 2/3: the "sliding_attention" layers. None: no layer windowed (engines built
+    before this field load with that meaning, their max_seq_len capped at sliding_window)."""
     # ---- switches beyond the Llama-style decoder (defaults: off; engines built before them load as they were) ----
     rotary_dim: int | None = None
     """RoPE rotates only the first rotary_dim features of each head, the rest pass through (Phi-3's
@@ -112,6 +119,15 @@ class ModelConfig:
     def rope_dim(self) -> int:
         """Features of each head that RoPE rotates (rotary_dim, else head_dim)."""
         return self.rotary_dim or self.head_dim
+
+    def layer_window(self, layer: int) -> int:
+        """The attention window of layer `layer` (0: full attention)."""
+        return 0 if self.layer_windows is None else int(self.layer_windows[layer])
+
+    @property
+    def all_layers_windowed(self) -> bool:
+        """Every layer attends within a window (Mistral-style): KV blocks before the largest window can be freed."""
+        return bool(self.layer_windows) and all(w > 0 for w in self.layer_windows)
 
     def uses_local_rope(self, layer: int) -> bool:
         """Whether layer `layer` rotates with the sliding layers' own RoPE (`rope_local_inv_freq`)."""

@@ -110,6 +110,8 @@ class Attention(nn.Module):
         self.softcap = cfg.attn_logit_softcapping or 0.0
         """> 0: the op soft-caps the scores (Gemma 2); 0: the op is called exactly as without the option."""
         self.fused_rope = layers.fused_ops and cfg.rope_dim == cfg.head_dim  # the C loop rotates whole heads
+        self.window = 0
+        """Sliding window of this layer (cfg.layer_window; CausalLM sets it): > 0 the op's `window`; 0: full."""
         self.paged_attention = layers.attention
         """The implementation eager calls run (plugins/paged_attention/op.py); None: the op's per-call choice."""
 
@@ -131,6 +133,8 @@ class Attention(nn.Module):
         args = (q, k.contiguous(), v.contiguous(), kv_cache, meta.slot_mapping, meta.block_tables,
                 meta.seq_lens, meta.query_start_loc, self.scale)
         extra = {"softcap": self.softcap} if self.softcap else {}
+        if self.window:
+            extra["window"] = self.window
         if kv_scales is None:  # torch.ops.trtforge.paged_attention (or its implementation, in eager mode)
             out = eager_impl(q, False, self.paged_attention)(*args, **extra)  # [T, Hq, D]
         else:  # torch.ops.trtforge.paged_attention_int8kv
@@ -206,6 +210,8 @@ class CausalLM(nn.Module):
         layer_cfg = cfg if shard is None else local_config(cfg, shard)
         self.layers = nn.ModuleList(DecoderLayer(layer_cfg, layers, cfg.uses_local_rope(i), cfg.is_moe_layer(i))
                                     for i in range(cfg.num_layers))
+        for i, layer in enumerate(self.layers):
+            layer.attn.window = cfg.layer_window(i)  # sliding-window layers (0: full attention)
         self._embedding_multipliers: dict[torch.dtype, float] = {}
         self.final_norm = make_norm(cfg, cfg.hidden_size, layers)
         if quantized_head is not None:

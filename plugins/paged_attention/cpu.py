@@ -37,6 +37,13 @@ Soft-capping (`softcap` > 0, Gemma 2): SDPA has no score hook, so every SDPA cal
 `_softcapped_attention` (the same gathers and masks; scores, tanh cap, softmax and P@V as explicit
 float32 matmuls), and a pure-decode float32 step still goes to the C kernel, which caps its scores
 itself.
+
+Sliding window (`window` > 0; reference.py's rule, a token at p sees (p - window, p]): the decode
+gather of step 2 starts at each sequence's first block inside its window (so blocks freed before it
+are never read) and the mask also hides the positions before the window; a chunk of step 3 gathers
+from its first token's first visible block and uses a banded causal mask (a chunk with no cached
+context keeps `is_causal=True` while it is no longer than the window, where the band is the
+triangle). The C kernel starts its walk at p - window + 1.
 """
 
 from __future__ import annotations
@@ -96,16 +103,24 @@ def _gather_kv(kv_cache: torch.Tensor, kv_scales: torch.Tensor | None, index: in
     return torch.mul(blocks, scales.unsqueeze(-1), out=out.view(blocks.shape))
 
 
-def _padding_mask(seq_lens: torch.Tensor, lens: list[int], padded_len: int) -> torch.Tensor:
-    """[B, 1, 1, padded_len] True where position < the sequence's length.
+def _padding_mask(seq_lens: torch.Tensor, lens: list[int], padded_len: int, window: int = 0,
+                  offsets: list[int] | None = None) -> torch.Tensor:
+    """[B, 1, 1, padded_len] True where position < the sequence's length (window > 0: and
+    position >= length - window; gathered position i is absolute position offsets[b] + i).
 
     Every layer of a step asks for the same mask, so the last one is kept per thread, keyed by
     the lengths' values (not the tensor's identity: callers may refill a tensor in place)."""
-    key = (tuple(lens), padded_len, seq_lens.device)
+    key = (tuple(lens), padded_len, seq_lens.device, window, tuple(offsets or ()))
     memo = getattr(_workspace, "mask", None)
     if memo is not None and memo[0] == key and memo[1].is_inference() == torch.is_inference_mode_enabled():
         return memo[1]
     positions = torch.arange(padded_len, device=seq_lens.device)
+    if window > 0:
+        base = torch.tensor(offsets, device=seq_lens.device)[:, None] + positions[None, :]
+        ends = torch.tensor(lens, device=seq_lens.device)[:, None]
+        mask = ((base < ends) & (base >= ends - window))[:, None, None, :]
+        _workspace.mask = (key, mask)
+        return mask
     mask = (positions[None, :] < seq_lens[:, None])[:, None, None, :]
     _workspace.mask = (key, mask)
     return mask
@@ -141,54 +156,94 @@ def _attention(query, keys, values, scale: float, softcap: float, attn_mask=None
                                           scale=scale)
 
 
+def _window_tables(block_tables, lens: list[int], block_size: int, window: int):
+    """Decode with a window: each sequence's table from its first block inside the window
+    (position len - window). -> (tables [B, nb], the absolute position of each row's first gathered
+    slot, nb)."""
+    firsts = [max(0, n - window) // block_size for n in lens]
+    num_blocks = max(-(-n // block_size) - f for n, f in zip(lens, firsts))
+    device = block_tables.device
+    index = (torch.tensor(firsts, device=device)[:, None] + torch.arange(num_blocks, device=device)[None, :])
+    index = index.clamp_(max=block_tables.shape[1] - 1)  # past a sequence's end: masked padding
+    return block_tables.gather(1, index.to(torch.int64)), [f * block_size for f in firsts], num_blocks
+
+
 def _decode_batch(q, kv_cache, block_tables, seq_lens, scale: float, lens: list[int], kv_scales=None,
-                  softcap: float = 0.0):
-    """One new token per sequence: q [B, Hq, D] -> [B, Hq, D], contexts padded to max(lens)."""
+                  softcap: float = 0.0, window: int = 0):
+    """One new token per sequence: q [B, Hq, D] -> [B, Hq, D], contexts padded to max(lens)
+    (window > 0: to the longest windowed span, gathered from each sequence's first block in it)."""
     num_seqs, num_heads, head_dim = q.shape
     block_size, num_kv_heads = kv_cache.shape[2], kv_cache.shape[3]
     group = num_heads // num_kv_heads
     max_len = max(lens)
-    num_blocks = -(-max_len // block_size)
-    tables = block_tables[:, :num_blocks]  # int32 or int64: index_select takes both
+    offsets = None
+    if window > 0 and max_len > window:
+        tables, offsets, num_blocks = _window_tables(block_tables, lens, block_size, window)
+    else:
+        window = 0  # no sequence is longer than the window: the whole context is visible
+        num_blocks = -(-max_len // block_size)
+        tables = block_tables[:, :num_blocks]  # int32 or int64: index_select takes both
     keys = _gather_kv(kv_cache, kv_scales, 0, tables, q).transpose(1, 2)    # [B, Hkv, Lpad, D]
     values = _gather_kv(kv_cache, kv_scales, 1, tables, q).transpose(1, 2)  # [B, Hkv, Lpad, D]
     query = q.view(num_seqs, num_kv_heads, group, head_dim)          # [B, Hkv, G, D]
     if num_seqs == 1:
         # One sequence: cut the padding off instead of masking it (SDPA is ~30 % faster unmasked).
-        out = _attention(query, keys[:, :, :max_len], values[:, :, :max_len], scale, softcap)
+        lo = 0 if offsets is None else max(0, max_len - window) - offsets[0]
+        hi = max_len if offsets is None else max_len - offsets[0]
+        out = _attention(query, keys[:, :, lo:hi], values[:, :, lo:hi], scale, softcap)
     else:
-        mask = _padding_mask(seq_lens, lens, num_blocks * block_size)
+        mask = _padding_mask(seq_lens, lens, num_blocks * block_size, window, offsets)
         out = _attention(query, keys, values, scale, softcap, attn_mask=mask)
     return out.reshape(num_seqs, num_heads, head_dim)
 
 
+def _band(positions: torch.Tensor, context: torch.Tensor, window: int) -> torch.Tensor:
+    """[n, L] True where context position c is visible from query position p: c <= p, and
+    (window > 0) c > p - window."""
+    visible = context[None, :] <= positions[:, None]
+    if window > 0:
+        visible &= context[None, :] > positions[:, None] - window
+    return visible
+
+
 def _prefill_one(q, k, v, kv_cache, block_table, cached: int, scale: float, kv_scales=None,
-                 softcap: float = 0.0):
-    """One sequence's chunk of n new tokens after `cached` context: q [n, Hq, D] -> [n, Hq, D]."""
+                 softcap: float = 0.0, window: int = 0):
+    """One sequence's chunk of n new tokens after `cached` context: q [n, Hq, D] -> [n, Hq, D]
+    (window > 0: each token sees only its last `window` positions)."""
     num_new = q.shape[0]
     query = q.transpose(0, 1).unsqueeze(0)  # [1, Hq, n, D]
+    device = q.device
     if cached == 0 and kv_scales is None and k.dtype == kv_cache.dtype:
         # The whole context is this chunk: attend to k/v as given, no gather from the pool.
         keys, values = k.transpose(0, 1).unsqueeze(0), v.transpose(0, 1).unsqueeze(0)
-        out = _attention(query, keys, values, scale, softcap, is_causal=True, enable_gqa=True)
+        if window <= 0 or num_new <= window:  # the band is the whole causal triangle
+            out = _attention(query, keys, values, scale, softcap, is_causal=True, enable_gqa=True)
+        else:
+            positions = torch.arange(num_new, device=device)
+            out = _attention(query, keys, values, scale, softcap, attn_mask=_band(positions, positions, window),
+                             enable_gqa=True)
     else:
         seq_len, block_size = cached + num_new, kv_cache.shape[2]
-        table = block_table[: -(-seq_len // block_size)][None]
-        keys = _gather_kv(kv_cache, kv_scales, 0, table, q)[:, :seq_len].transpose(1, 2)  # [1, Hkv, L, D]
-        values = _gather_kv(kv_cache, kv_scales, 1, table, q)[:, :seq_len].transpose(1, 2)
-        device = q.device
-        # Token j (absolute position cached + j) sees positions 0..cached + j.
-        visible = (torch.arange(seq_len, device=device)[None, :]
-                   <= cached + torch.arange(num_new, device=device)[:, None])  # [n, L]
+        # The first block any new token sees (window: the first token's cached - window + 1).
+        first = (max(0, cached - window + 1) if window > 0 else 0) // block_size
+        table = block_table[first: -(-seq_len // block_size)][None]
+        start, length = first * block_size, seq_len - first * block_size
+        keys = _gather_kv(kv_cache, kv_scales, 0, table, q)[:, :length].transpose(1, 2)  # [1, Hkv, L, D]
+        values = _gather_kv(kv_cache, kv_scales, 1, table, q)[:, :length].transpose(1, 2)
+        # Token j (absolute position cached + j) sees positions 0..cached + j (window: the last `window`).
+        visible = _band(cached + torch.arange(num_new, device=device),
+                        torch.arange(start, seq_len, device=device), window)  # [n, L]
         out = _attention(query, keys, values, scale, softcap, attn_mask=visible, enable_gqa=True)
     return out[0].transpose(0, 1)  # [n, Hq, D]
 
 
 def paged_attention(q, k, v, kv_cache, slot_mapping, block_tables, seq_lens, query_start_loc,
-                    scale: float, kv_scales: torch.Tensor | None = None, softcap: float = 0.0) -> torch.Tensor:
+                    scale: float, kv_scales: torch.Tensor | None = None, softcap: float = 0.0,
+                    window: int = 0) -> torch.Tensor:
     """Write k/v into kv_cache, then causal paged attention; see the op contract in op.py. -> [T, Hq, D].
     kv_scales: the scales of an int8 kv_cache (None: kv_cache is in q's dtype).
-    softcap: > 0 caps the scaled scores (reference.paged_attention); 0: none."""
+    softcap: > 0 caps the scaled scores (reference.paged_attention); 0: none.
+    window: > 0 the sliding window (reference.paged_attention); 0: full causal attention."""
     if kv_scales is None and kv_cache.dtype != q.dtype:
         raise ValueError(f"the torch attention path needs kv_cache in q's dtype; got kv_cache "
                          f"{kv_cache.dtype} and q {q.dtype}: build the KV pool in the model dtype")
@@ -201,11 +256,11 @@ def paged_attention(q, k, v, kv_cache, slot_mapping, block_tables, seq_lens, que
     if pure_decode and cpu_native.applies(q, k, v, kv_cache, slot_mapping, block_tables, seq_lens, lens,
                                           kv_scales):
         return cpu_native.decode(q, k, v, kv_cache, slot_mapping, block_tables, seq_lens, scale, kv_scales,
-                                 softcap)
+                                 softcap, window)
     write_kv(kv_cache, k, v, slot_mapping, kv_scales)
     if pure_decode:
         # The common case: tokens are already in sequence order.
-        return _decode_batch(q, kv_cache, block_tables, seq_lens, scale, lens, kv_scales, softcap)
+        return _decode_batch(q, kv_cache, block_tables, seq_lens, scale, lens, kv_scales, softcap, window)
     out = q.new_empty(q.shape)
     if decodes:
         index = torch.tensor(decodes, device=q.device)
@@ -213,12 +268,12 @@ def paged_attention(q, k, v, kv_cache, slot_mapping, block_tables, seq_lens, que
         result = _decode_batch(q.index_select(0, tokens), kv_cache,
                                block_tables.index_select(0, index),
                                seq_lens.index_select(0, index), scale, [lens[s] for s in decodes], kv_scales,
-                               softcap)
+                               softcap, window)
         out.index_copy_(0, tokens, result)
     for s in range(num_seqs):
         if new_counts[s] < 2:
             continue
         a, b = starts[s], starts[s + 1]
         out[a:b] = _prefill_one(q[a:b], k[a:b], v[a:b], kv_cache, block_tables[s],
-                                lens[s] - new_counts[s], scale, kv_scales, softcap)
+                                lens[s] - new_counts[s], scale, kv_scales, softcap, window)
     return out

@@ -15,6 +15,9 @@
  *      out_g /= sum at the end.
  * softcap > 0 (Gemma 2's attention soft-capping) replaces each score of step 1 by
  * softcap * tanh(s / softcap) before step 2; 0 leaves the scores as they are.
+ * window > 0 (sliding-window attention): the token at position p = len - 1 sees positions
+ * (p - window, p] only, so the walk starts at max(0, len - window) (its first block; earlier blocks
+ * are never read, they may be freed placeholders); 0: the whole context.
  * Scores live in a per-thread scratch buffer (G rows of the context, padded to W).
  *
  *   pool (one layer) [2][num_blocks][block_size][Hkv][D]      one pair reads, per position j:
@@ -314,8 +317,11 @@ static float softmax_row(float *s, int64_t len, int64_t padded) {
 ALWAYS_INLINE void attend(const float *q, const char *key_pool, const char *value_pool, const float *key_scales,
                           const float *value_scales, const int32_t *table, int64_t len, int64_t block_size,
                           int64_t row_bytes, int64_t num_kv_heads, int64_t group, int64_t head_dim, float scale,
-                          float softcap, float *s, float *out, int I8) {
-    const int64_t padded = (len + W - 1) / W * W, stride = padded;
+                          float softcap, int64_t window, float *s, float *out, int I8) {
+    /* window: positions first..len-1 only (n_ctx of them); 0: all. Score j is position first + j. */
+    const int64_t first = window > 0 && len > window ? len - window : 0, n_ctx = len - first;
+    const int64_t first_block = first ? first / block_size : 0, first_offset = first ? first % block_size : 0;
+    const int64_t padded = (n_ctx + W - 1) / W * W, stride = padded;
     const char *rows[W];
     int64_t slots[W], next[W];
     float vscale[W];
@@ -323,12 +329,12 @@ ALWAYS_INLINE void attend(const float *q, const char *key_pool, const char *valu
     /* Block-table jumps defeat the hardware prefetcher, and a memory-bound pass then waits on each
      * row: pass 1 prefetches the next W keys into L1 and these W positions' values into L2 (for
      * pass 3, which prefetches its next W values into L1). */
-    Walk walk = {table, block_size, len, 0, 0, 0};
+    Walk walk = {table, block_size, len, first, first_block, first_offset};
     next_slots(&walk, next);
     for (int i = 0; i < W; i++) prefetch_row(key_pool + next[i] * row_bytes, row_used, 3);
-    for (int64_t j = 0; j < len; j += W) {
+    for (int64_t j = 0; j < n_ctx; j += W) {
         memcpy(slots, next, sizeof slots);
-        if (j + W < len) {
+        if (j + W < n_ctx) {
             next_slots(&walk, next);
             for (int i = 0; i < W; i++) prefetch_row(key_pool + next[i] * row_bytes, row_used, 3);
         }
@@ -343,17 +349,17 @@ ALWAYS_INLINE void attend(const float *q, const char *key_pool, const char *valu
     if (softcap > 0.0f) {
         const float inv_cap = 1.0f / softcap;
         for (int64_t g = 0; g < group; g++)
-            for (int64_t j = 0; j < len; j++) s[g * stride + j] = softcap * tanhf(s[g * stride + j] * inv_cap);
+            for (int64_t j = 0; j < n_ctx; j++) s[g * stride + j] = softcap * tanhf(s[g * stride + j] * inv_cap);
     }
     float inv_sum[group];
-    for (int64_t g = 0; g < group; g++) inv_sum[g] = softmax_row(s + g * stride, len, padded);
+    for (int64_t g = 0; g < group; g++) inv_sum[g] = softmax_row(s + g * stride, n_ctx, padded);
     memset(out, 0, group * head_dim * sizeof(float));
-    walk = (Walk){table, block_size, len, 0, 0, 0};
+    walk = (Walk){table, block_size, len, first, first_block, first_offset};
     int64_t n_next = next_slots(&walk, next);
-    for (int64_t j = 0; j < len; j += W) {
+    for (int64_t j = 0; j < n_ctx; j += W) {
         const int64_t n = n_next;
         memcpy(slots, next, sizeof slots);
-        if (j + W < len) {
+        if (j + W < n_ctx) {
             n_next = next_slots(&walk, next);
             for (int i = 0; i < W; i++) prefetch_row(value_pool + next[i] * row_bytes, row_used, 3);
         }
@@ -401,7 +407,7 @@ ALWAYS_INLINE int attend_all(const float *q, int64_t q_stride, const void *key_p
                              const float *key_scales, const float *value_scales, const int32_t *block_tables,
                              int64_t table_width, const int32_t *seq_lens, float *out, int64_t num_seqs,
                              int64_t num_heads, int64_t num_kv_heads, int64_t head_dim, int64_t block_size,
-                             float scale, float softcap, int I8, int64_t threads) {
+                             float scale, float softcap, int64_t window, int I8, int64_t threads) {
     const int64_t group = num_heads / num_kv_heads, elem = I8 ? (int64_t)sizeof(int8_t) : (int64_t)sizeof(float);
     const int64_t row_bytes = num_kv_heads * head_dim * elem;
     int64_t *order = longest_first(seq_lens, num_seqs);
@@ -413,12 +419,14 @@ ALWAYS_INLINE int attend_all(const float *q, int64_t q_stride, const void *key_p
 #pragma omp parallel for schedule(dynamic, 1) num_threads(threads) reduction(|| : failed)
     for (int64_t item = 0; item < work; item++) {
         const int64_t b = order[item / num_kv_heads], h = item % num_kv_heads, len = seq_lens[b];
-        float *s = scores_buffer((size_t)(group * ((len + W - 1) / W * W)));
+        const int64_t span = window > 0 && len > window ? window : len; /* positions attended */
+        float *s = scores_buffer((size_t)(group * ((span + W - 1) / W * W)));
         if (!s) { failed = 1; continue; }
         attend(q + b * q_stride + h * group * head_dim, (const char *)key_pool + h * head_dim * elem,
                (const char *)value_pool + h * head_dim * elem, I8 ? key_scales + h : NULL,
                I8 ? value_scales + h : NULL, block_tables + b * table_width, len, block_size, row_bytes,
-               num_kv_heads, group, head_dim, scale, softcap, s, out + (b * num_heads + h * group) * head_dim, I8);
+               num_kv_heads, group, head_dim, scale, softcap, window, s, out + (b * num_heads + h * group) * head_dim,
+               I8);
     }
     free(order);
     return failed ? -1 : 0;
@@ -426,13 +434,15 @@ ALWAYS_INLINE int attend_all(const float *q, int64_t q_stride, const void *key_p
 
 static int inputs_ok(int64_t num_blocks, int64_t block_size, const int64_t *slot_mapping,
                      const int32_t *block_tables, int64_t table_width, const int32_t *seq_lens,
-                     int64_t num_seqs) {
+                     int64_t num_seqs, int64_t window) {
     const int64_t num_slots = num_blocks * block_size;
     for (int64_t b = 0; b < num_seqs; b++) {
         const int64_t len = seq_lens[b], slot = slot_mapping[b];
         if (len < 1 || len > table_width * block_size || slot < 0 || slot >= num_slots) return 0;
         const int32_t *table = block_tables + b * table_width;
-        for (int64_t i = 0; i < (len + block_size - 1) / block_size; i++)
+        /* window: entries before the first block in the window are never read (freed: FREED_BLOCK) */
+        const int64_t first = window > 0 && len > window ? (len - window) / block_size : 0;
+        for (int64_t i = first; i < (len + block_size - 1) / block_size; i++)
             if (table[i] < 0 || table[i] >= num_blocks) return 0;
     }
     return 1;
@@ -444,18 +454,18 @@ int trtforge_decode_attention(const float *q, int64_t q_stride, const float *k, 
                               const int32_t *block_tables, int64_t table_width,
                               const int32_t *seq_lens, float *out, int64_t num_seqs,
                               int64_t num_heads, int64_t num_kv_heads, int64_t head_dim,
-                              float scale, float softcap, int64_t threads) {
+                              float scale, float softcap, int64_t window, int64_t threads) {
     const int64_t row = num_kv_heads * head_dim; /* floats per slot */
     const int64_t num_slots = num_blocks * block_size;
     float *key_pool = pool, *value_pool = pool + num_slots * row;
-    if (!inputs_ok(num_blocks, block_size, slot_mapping, block_tables, table_width, seq_lens, num_seqs))
+    if (!inputs_ok(num_blocks, block_size, slot_mapping, block_tables, table_width, seq_lens, num_seqs, window))
         return -1;
     for (int64_t b = 0; b < num_seqs; b++) {
         memcpy(key_pool + slot_mapping[b] * row, k + b * k_stride, row * sizeof(float));
         memcpy(value_pool + slot_mapping[b] * row, v + b * v_stride, row * sizeof(float));
     }
     return attend_all(q, q_stride, key_pool, value_pool, NULL, NULL, block_tables, table_width, seq_lens,
-                      out, num_seqs, num_heads, num_kv_heads, head_dim, block_size, scale, softcap, 0, threads);
+                      out, num_seqs, num_heads, num_kv_heads, head_dim, block_size, scale, softcap, window, 0, threads);
 }
 
 /* ---- int8 KV --------------------------------------------------------------------------------- */
@@ -482,12 +492,12 @@ int trtforge_decode_attention_int8(const float *q, int64_t q_stride, const float
                                    const int32_t *block_tables, int64_t table_width,
                                    const int32_t *seq_lens, float *out, int64_t num_seqs,
                                    int64_t num_heads, int64_t num_kv_heads, int64_t head_dim,
-                                   float scale, float softcap, int64_t threads) {
+                                   float scale, float softcap, int64_t window, int64_t threads) {
     const int64_t row = num_kv_heads * head_dim; /* int8 values per slot */
     const int64_t num_slots = num_blocks * block_size;
     int8_t *key_pool = pool, *value_pool = pool + num_slots * row;
     float *key_scales = scales, *value_scales = scales + num_slots * num_kv_heads;
-    if (!inputs_ok(num_blocks, block_size, slot_mapping, block_tables, table_width, seq_lens, num_seqs))
+    if (!inputs_ok(num_blocks, block_size, slot_mapping, block_tables, table_width, seq_lens, num_seqs, window))
         return -1;
     for (int64_t b = 0; b < num_seqs; b++) {
         const int64_t slot = slot_mapping[b];
@@ -499,6 +509,6 @@ int trtforge_decode_attention_int8(const float *q, int64_t q_stride, const float
         }
     }
     return attend_all(q, q_stride, key_pool, value_pool, key_scales, value_scales, block_tables, table_width,
-                      seq_lens, out, num_seqs, num_heads, num_kv_heads, head_dim, block_size, scale, softcap, 1,
+                      seq_lens, out, num_seqs, num_heads, num_kv_heads, head_dim, block_size, scale, softcap, window, 1,
                       threads);
 }

@@ -29,9 +29,9 @@ MAX_CONTEXT_TOKENS = 1 << 20
 
 _P, _I, _F = ctypes.c_void_p, ctypes.c_int64, ctypes.c_float
 _SIGNATURES = {"trtforge_decode_attention": (ctypes.c_int, [_P, _I, _P, _I, _P, _I, _P, _I, _I, _P, _P, _I,
-                                                            _P, _P, _I, _I, _I, _I, _F, _F, _I]),
+                                                            _P, _P, _I, _I, _I, _I, _F, _F, _I, _I]),
                "trtforge_decode_attention_int8": (ctypes.c_int, [_P, _I, _P, _I, _P, _I, _P, _P, _I, _I, _P, _P,
-                                                                 _I, _P, _P, _I, _I, _I, _I, _F, _F, _I])}
+                                                                 _I, _P, _P, _I, _I, _I, _I, _F, _F, _I, _I])}
 LIBRARY = native.NativeLibrary(Path(__file__).with_name("cpu_decode.c"), _SIGNATURES,
                                extra_flags=("-fopenmp", "-ffp-contract=fast"))
 library = LIBRARY.get  # the compiled kernel, or None where it cannot be built (torch path)
@@ -58,10 +58,11 @@ def applies(q, k, v, kv_cache, slot_mapping, block_tables, seq_lens, lens: list[
 
 
 def decode(q, k, v, kv_cache, slot_mapping, block_tables, seq_lens, scale: float,
-           kv_scales: torch.Tensor | None = None, softcap: float = 0.0) -> torch.Tensor:
+           kv_scales: torch.Tensor | None = None, softcap: float = 0.0, window: int = 0) -> torch.Tensor:
     """KV write + attention for T = S sequences of one new token each: q [S, Hq, D] -> [S, Hq, D].
     kv_scales: the int8 pool's scales (then the int8 kernel, which quantises the new rows).
-    softcap: > 0 caps the scaled scores at ±softcap (softcap * tanh(s / softcap)); 0: none."""
+    softcap: > 0 caps the scaled scores at ±softcap (softcap * tanh(s / softcap)); 0: none.
+    window: > 0 each token sees only the last `window` positions (reference.py); 0: all."""
     num_seqs, num_heads, head_dim = q.shape
     _, num_blocks, block_size, num_kv_heads, _ = kv_cache.shape
     out = torch.empty_like(q)
@@ -72,7 +73,8 @@ def decode(q, k, v, kv_cache, slot_mapping, block_tables, seq_lens, scale: float
         q.data_ptr(), q.stride(0), k.data_ptr(), k.stride(0), v.data_ptr(), v.stride(0),
         *pool[1:], num_blocks, block_size,
         slot_mapping.data_ptr(), block_tables.data_ptr(), block_tables.shape[1], seq_lens.data_ptr(),
-        out.data_ptr(), num_seqs, num_heads, num_kv_heads, head_dim, scale, softcap, torch.get_num_threads())
+        out.data_ptr(), num_seqs, num_heads, num_kv_heads, head_dim, scale, softcap, int(window),
+        torch.get_num_threads())
     if status != 0:
         raise ValueError(f"decode attention: a block id, slot or sequence length is out of range "
                          f"(seq_lens={seq_lens.tolist()}, slot_mapping={slot_mapping.tolist()}, "

@@ -109,7 +109,10 @@ def redirect_paged_attention(sink: list[torch.Tensor]) -> Iterator[None]:
     original = namespace.paged_attention
 
     def functional(q, k, v, kv_cache, slot_mapping, block_tables, seq_lens, query_start_loc,
-                   scale, softcap=0.0):
+                   scale, softcap=0.0, window=0):
+        # window (sliding-window layers) is dropped: the ONNX node and the TensorRT plugin have none, and the
+        # tensorrt build caps max_seq_len at the model's smallest window (builder/build_config.py), where every
+        # position of a sequence is inside every layer's window, so full causal attention is the same.
         if softcap:
             raise ValueError("the ONNX PagedAttention node (and the TensorRT plugin) has no attention soft-capping "
                              "(attn_logit_softcapping, Gemma 2): a soft-capped network cannot be exported; run it "

@@ -14,7 +14,11 @@ decode tokens mixed):
     scale float                          softmax scale
     softcap float = 0.0                  > 0: each scaled score s becomes softcap * tanh(s / softcap)
                                          before the mask and softmax (Gemma 2); 0: none
-    -> [T, Hq, D]; a token at absolute position p attends to cache positions 0..p of its sequence.
+    window int = 0                       > 0: sliding window, a token at p attends to (p - window, p]
+                                         only (transformers' rule); 0: all of 0..p
+    -> [T, Hq, D]; a token at absolute position p attends to cache positions 0..p of its sequence
+       (window > 0: max(0, p - window + 1)..p; positions before the first one any new token of a
+       sequence sees are never read, so their blocks may be freed and their table entries stale).
 
 `softcap` is the last argument of both ops (after kv_scales for int8 KV) and defaults to 0, so a
 network without soft-capping calls and traces the op exactly as before. The reference and cpu
@@ -23,6 +27,12 @@ node and the TensorRT plugin do not: `attention_impl(..., softcap=True)` skips T
 path ("cpu", also correct on CUDA) unless Triton was requested by name (then it raises), the op
 raises if a per-call resolution lands on Triton, and the build refuses --backend tensorrt for a
 soft-capped model (builder/build.py).
+
+`window` comes after softcap, also defaulting to 0 (a network without windowed layers calls the op
+as before). The reference, the cpu path (torch and the C decode kernel) and the Triton kernels take
+it. The ONNX node and TensorRT plugin do not: the tensorrt build keeps max_seq_len capped at the
+model's smallest window (builder/build_config.py), where the window never bites, and the exporter
+drops the argument (onnx_export.py says so).
 
 int8 KV (`build-engine --kv-cache-dtype int8`): the same contract through the sibling op
 `torch.ops.trtforge.paged_attention_int8kv(q, k, v, kv_cache, slot_mapping, block_tables,
@@ -102,7 +112,7 @@ def _load_triton(required: bool) -> ModuleType | None:
 
 
 def _triton_impl(q, k, v, kv_cache, slot_mapping, block_tables, seq_lens, query_start_loc,
-                 scale: float, softcap: float = 0.0) -> torch.Tensor:
+                 scale: float, softcap: float = 0.0, window: int = 0) -> torch.Tensor:
     """Triton kernels with their grid-sizing hints derived from shapes alone.
 
     The kernels are correct for any hints; the hints only pick tile shapes and KV splits. Exact
@@ -118,7 +128,7 @@ def _triton_impl(q, k, v, kv_cache, slot_mapping, block_tables, seq_lens, query_
     max_seq_len = block_tables.shape[1] * kv_cache.shape[2]
     return _load_triton(required=True).paged_attention_triton(
         q, k, v, kv_cache, slot_mapping, block_tables, seq_lens, query_start_loc, scale,
-        max_query_len, max_seq_len)
+        max_query_len, max_seq_len, window=window)
 
 
 @dataclass(frozen=True)
@@ -246,18 +256,20 @@ def check_inputs(q, k, v, kv_cache, slot_mapping, block_tables, seq_lens, query_
 def paged_attention_op(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, kv_cache: torch.Tensor,
                        slot_mapping: torch.Tensor, block_tables: torch.Tensor,
                        seq_lens: torch.Tensor, query_start_loc: torch.Tensor,
-                       scale: float, softcap: float = 0.0) -> torch.Tensor:
+                       scale: float, softcap: float = 0.0, window: int = 0) -> torch.Tensor:
     """Write k/v into kv_cache at slot_mapping, return paged causal attention [T, Hq, D]."""
     check_inputs(q, k, v, kv_cache, slot_mapping, block_tables, seq_lens, query_start_loc)
+    extra = {"window": window} if window else {}
     if not softcap:  # the call every network without soft-capping makes, as before the argument existed
         impl = resolve_impl(q.device)
-        return impl(q, k, v, kv_cache, slot_mapping, block_tables, seq_lens, query_start_loc, scale)
+        return impl(q, k, v, kv_cache, slot_mapping, block_tables, seq_lens, query_start_loc, scale, **extra)
     impl = resolve_impl(q.device, softcap=True)
-    return impl(q, k, v, kv_cache, slot_mapping, block_tables, seq_lens, query_start_loc, scale, softcap=softcap)
+    return impl(q, k, v, kv_cache, slot_mapping, block_tables, seq_lens, query_start_loc, scale, softcap=softcap,
+                **extra)
 
 
 @paged_attention_op.register_fake
-def _(q, k, v, kv_cache, slot_mapping, block_tables, seq_lens, query_start_loc, scale, softcap=0.0):
+def _(q, k, v, kv_cache, slot_mapping, block_tables, seq_lens, query_start_loc, scale, softcap=0.0, window=0):
     check_inputs(q, k, v, kv_cache, slot_mapping, block_tables, seq_lens, query_start_loc)
     return q.new_empty(q.shape)
 
@@ -266,17 +278,19 @@ def _(q, k, v, kv_cache, slot_mapping, block_tables, seq_lens, query_start_loc, 
 def paged_attention_int8kv_op(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, kv_cache: torch.Tensor,
                               slot_mapping: torch.Tensor, block_tables: torch.Tensor,
                               seq_lens: torch.Tensor, query_start_loc: torch.Tensor,
-                              scale: float, kv_scales: torch.Tensor, softcap: float = 0.0) -> torch.Tensor:
+                              scale: float, kv_scales: torch.Tensor, softcap: float = 0.0,
+                              window: int = 0) -> torch.Tensor:
     """paged_attention over an int8 kv_cache with per-token, per-head float32 kv_scales (module docstring)."""
     check_inputs(q, k, v, kv_cache, slot_mapping, block_tables, seq_lens, query_start_loc)
     check_scales(kv_cache, kv_scales)
     impl = resolve_impl(q.device, int8_kv=True, softcap=bool(softcap))
     return impl(q, k, v, kv_cache, slot_mapping, block_tables, seq_lens, query_start_loc, scale, kv_scales,
-                softcap=softcap)
+                softcap=softcap, window=window)
 
 
 @paged_attention_int8kv_op.register_fake
-def _(q, k, v, kv_cache, slot_mapping, block_tables, seq_lens, query_start_loc, scale, kv_scales, softcap=0.0):
+def _(q, k, v, kv_cache, slot_mapping, block_tables, seq_lens, query_start_loc, scale, kv_scales, softcap=0.0,
+      window=0):
     check_inputs(q, k, v, kv_cache, slot_mapping, block_tables, seq_lens, query_start_loc)
     check_scales(kv_cache, kv_scales)
     return q.new_empty(q.shape)
@@ -284,11 +298,13 @@ def _(q, k, v, kv_cache, slot_mapping, block_tables, seq_lens, query_start_loc, 
 
 def paged_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, kv_cache: torch.Tensor,
                     meta: AttentionMetadata, scale: float, kv_scales: torch.Tensor | None = None,
-                    softcap: float = 0.0) -> torch.Tensor:
+                    softcap: float = 0.0, window: int = 0) -> torch.Tensor:
     """Model-side entry point: the op with its metadata taken from an AttentionMetadata
-    (kv_scales given: the int8 KV op; softcap > 0: soft-capped scores)."""
+    (kv_scales given: the int8 KV op; softcap > 0: soft-capped scores; window > 0: sliding window)."""
     args = (q, k, v, kv_cache, meta.slot_mapping, meta.block_tables, meta.seq_lens, meta.query_start_loc, scale)
-    extra = {"softcap": softcap} if softcap else {}
+    extra: dict = {"softcap": softcap} if softcap else {}
+    if window:
+        extra["window"] = window
     if kv_scales is not None:
         return torch.ops.trtforge.paged_attention_int8kv(*args, kv_scales, **extra)
     return torch.ops.trtforge.paged_attention(*args, **extra)

@@ -11,6 +11,12 @@ stored value is within scale / 2 of the input — and read back as q * scale in 
 Soft-capping (`softcap` > 0; Gemma 2's attn_logit_softcapping): every scaled score s becomes
 softcap * tanh(s / softcap) before the causal mask and the softmax, as transformers' eager attention
 does. 0 (the default) leaves the scores as they are.
+
+Sliding window (`window` > 0; Mistral, windowed Qwen2/Qwen3 layers, Gemma 2/3 sliding layers): a token
+at absolute position p attends to positions (p - window, p] only, i.e. max(0, p - window + 1)..p, as
+transformers' sliding-window mask does (`kv_idx > q_idx - sliding_window`). Positions before the
+first one any new token of a sequence can see are never read (their blocks may have been freed and
+their block-table entries be placeholders). 0 (the default): every position 0..p.
 """
 
 from __future__ import annotations
@@ -59,37 +65,39 @@ def write_kv(kv_cache: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
         flat_scales[i].index_copy_(0, slots, scale)
 
 
-def gather_context(pool: torch.Tensor, block_table: torch.Tensor, length: int) -> torch.Tensor:
-    """Positions 0..length-1 of one sequence, read from one pool ([num_blocks, bs, Hkv, D], or a
+def gather_context(pool: torch.Tensor, block_table: torch.Tensor, length: int, first: int = 0) -> torch.Tensor:
+    """Positions first..length-1 of one sequence, read from one pool ([num_blocks, bs, Hkv, D], or a
     scales pool [num_blocks, bs, Hkv])."""
     block_size = pool.shape[1]
     rows = []
-    for pos in range(length):
+    for pos in range(first, length):
         block = int(block_table[pos // block_size])
         rows.append(pool[block, pos % block_size])
     return torch.stack(rows)  # [length, Hkv, D]
 
 
 def context_kv(kv_cache: torch.Tensor, kv_scales: torch.Tensor | None, block_table: torch.Tensor,
-               length: int) -> tuple[torch.Tensor, torch.Tensor]:
-    """One sequence's keys and values at positions 0..length-1 in float32 ([length, Hkv, D] each),
-    dequantised when the pool is int8."""
+               length: int, first: int = 0) -> tuple[torch.Tensor, torch.Tensor]:
+    """One sequence's keys and values at positions first..length-1 in float32 ([length - first, Hkv, D]
+    each), dequantised when the pool is int8."""
     out = []
     for i in (0, 1):
-        x = gather_context(kv_cache[i], block_table, length)
+        x = gather_context(kv_cache[i], block_table, length, first)
         if kv_scales is not None:
-            x = dequantize_kv(x, gather_context(kv_scales[i], block_table, length))
+            x = dequantize_kv(x, gather_context(kv_scales[i], block_table, length, first))
         out.append(x.float())
     return out[0], out[1]
 
 
 def paged_attention(q, k, v, kv_cache, slot_mapping, block_tables, seq_lens, query_start_loc,
-                    scale: float, kv_scales: torch.Tensor | None = None, softcap: float = 0.0) -> torch.Tensor:
+                    scale: float, kv_scales: torch.Tensor | None = None, softcap: float = 0.0,
+                    window: int = 0) -> torch.Tensor:
     """Write k/v into kv_cache, then causal attention of each new token over its context.
 
     Shapes and meaning: the op contract in op.py (and docs/architecture.md). Returns [T, Hq, D] in q's dtype.
     kv_scales: the int8 KV pool's scales (None: kv_cache holds the values themselves).
     softcap: > 0 caps the scaled scores at ±softcap (softcap * tanh(s / softcap)); 0: no capping.
+    window: > 0: the token at position p sees positions (p - window, p] only; 0: all of 0..p.
     """
     write_kv(kv_cache, k, v, slot_mapping, kv_scales)
     num_heads, num_kv_heads = q.shape[1], kv_cache.shape[-2]
@@ -100,7 +108,9 @@ def paged_attention(q, k, v, kv_cache, slot_mapping, block_tables, seq_lens, que
         seq_len, num_new = int(seq_lens[s]), end - start
         if num_new == 0:
             continue
-        keys, values = context_kv(kv_cache, kv_scales, block_tables[s], seq_len)
+        # The first position any new token sees: nothing before it is read.
+        first = max(0, seq_len - num_new - window + 1) if window > 0 else 0
+        keys, values = context_kv(kv_cache, kv_scales, block_tables[s], seq_len, first)
         # GQA: query head h reads kv head h // group.
         keys = keys.repeat_interleave(group, dim=1)      # [L, Hq, D]
         values = values.repeat_interleave(group, dim=1)  # [L, Hq, D]
@@ -110,7 +120,10 @@ def paged_attention(q, k, v, kv_cache, slot_mapping, block_tables, seq_lens, que
             scores = torch.tanh(scores / softcap) * softcap
         # New token j sits at absolute position seq_len - num_new + j and sees 0..that position.
         positions = seq_len - num_new + torch.arange(num_new)
-        visible = torch.arange(seq_len)[None, :] <= positions[:, None]  # [n, L]
+        context = torch.arange(first, seq_len)[None, :]
+        visible = context <= positions[:, None]  # [n, L]
+        if window > 0:
+            visible &= context > positions[:, None] - window
         scores = scores.masked_fill(~visible, float("-inf"))
         probs = torch.softmax(scores, dim=-1)
         out[start:end] = torch.einsum("hnl,lhd->nhd", probs, values).to(q.dtype)

@@ -20,7 +20,9 @@ Three kernels, launched by `paged_attention_triton` (the op's CUDA implementatio
    Scores use the online softmax (running max m, running sum l, unnormalised acc) in fp32, in the
    log2 domain (exp2 with scale*log2(e) folded into the scores). New token j of a sequence with
    `ctx = seq_len - q_len` cached positions sits at absolute position ctx + j and sees positions
-   0..ctx + j (causal mask with the cached-context offset).
+   0..ctx + j (causal mask with the cached-context offset); with WINDOW > 0 (sliding window) only
+   (ctx + j - WINDOW, ctx + j], and the tile loop starts at the tile of the block's first token's
+   first visible position (earlier blocks are never read: they may be freed).
 3. Split-KV (flash-decoding): with NUM_SPLITS > 1 the tiles of each sequence are partitioned,
    every split writes its partial (m, l, acc) to fp32 scratch, and `_combine_splits_kernel`
    merges them:  out = sum_i 2^(m_i - M) acc_i / sum_i 2^(m_i - M) l_i,  M = max_i m_i.
@@ -111,7 +113,7 @@ def _find_seq(query_start_loc_ptr, q_block, num_seqs, BLOCK_Q: tl.constexpr):
 @triton.jit
 def _attention_kernel(q_ptr, cache_ptr, block_tables_ptr, seq_lens_ptr, query_start_loc_ptr,
                       out_ptr, part_acc_ptr, part_m_ptr, part_l_ptr,
-                      scale_log2, num_seqs,
+                      scale_log2, num_seqs, window,
                       stride_qt, stride_qh, stride_ot, stride_oh,
                       stride_c_kv, stride_c_blk, stride_c_slot, stride_c_head, stride_bt,
                       GROUP: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_Q: tl.constexpr,
@@ -146,8 +148,12 @@ def _attention_kernel(q_ptr, cache_ptr, block_tables_ptr, seq_lens_ptr, query_st
         # The block's last token bounds the causal range; splits share its tiles evenly.
         kv_end = ctx_len + tl.minimum((local_block + 1) * BLOCK_Q, q_len)
         num_tiles = (kv_end + TILE_N - 1) // TILE_N
-        tiles_per_split = (num_tiles + NUM_SPLITS - 1) // NUM_SPLITS
-        tile_lo = split * tiles_per_split
+        # Sliding window: the block's first token (position ctx + local_block * BLOCK_Q) sees from
+        # kv_start on; nothing before it is loaded.
+        kv_start = tl.maximum(ctx_len + local_block * BLOCK_Q - window + 1, 0) if window > 0 else 0
+        first_tile = kv_start // TILE_N
+        tiles_per_split = (num_tiles - first_tile + NUM_SPLITS - 1) // NUM_SPLITS
+        tile_lo = first_tile + split * tiles_per_split
         tile_hi = tl.minimum(tile_lo + tiles_per_split, num_tiles)
 
         m_i = tl.full([BLOCK_M], float("-inf"), tl.float32)
@@ -157,7 +163,7 @@ def _attention_kernel(q_ptr, cache_ptr, block_tables_ptr, seq_lens_ptr, query_st
         table = block_tables_ptr + seq.to(tl.int64) * stride_bt
         for tile in range(tile_lo, tile_hi):
             pos = tile * TILE_N + n
-            pos_ok = pos < kv_end
+            pos_ok = (pos < kv_end) & (pos >= kv_start)
             blk = tl.load(table + pos // BLOCK_SIZE, mask=pos_ok, other=0).to(tl.int64)
             kv_off = blk * stride_c_blk + (pos % BLOCK_SIZE) * stride_c_slot + kv_head * stride_c_head
             k = tl.load(cache_ptr + kv_off[None, :] + d[:, None],
@@ -169,6 +175,8 @@ def _attention_kernel(q_ptr, cache_ptr, block_tables_ptr, seq_lens_ptr, query_st
                 v = v.to(tl.float32)
             s = tl.dot(q, k, input_precision=DOT_PRECISION) * scale_log2     # [BLOCK_M, TILE_N]
             visible = (pos[None, :] <= q_pos[:, None]) & pos_ok[None, :]
+            if window > 0:
+                visible = visible & (pos[None, :] > q_pos[:, None] - window)
             s = tl.where(visible, s, float("-inf"))
             m_new = tl.maximum(m_i, tl.reduce(s, 1, _MAX))
             # A row with nothing visible yet keeps m = -inf; subtract 0 there to avoid inf - inf.
@@ -301,7 +309,7 @@ def _tile_shape(group: int, max_query_len: int) -> tuple[int, int, int]:
 def paged_attention_triton(q, k, v, kv_cache, slot_mapping, block_tables, seq_lens,
                            query_start_loc, scale: float, max_query_len: int, max_seq_len: int,
                            *, num_kv_splits: int | None = None, tile_n: int | None = None,
-                           num_warps: int = 4) -> torch.Tensor:
+                           num_warps: int = 4, window: int = 0) -> torch.Tensor:
     """The paged-attention op (contract: op.py) on Triton kernels: write k/v, then attend.
 
     q [T, Hq, D], k/v [T, Hkv, D], kv_cache [2, num_blocks, block_size, Hkv, D] (updated in
@@ -310,7 +318,7 @@ def paged_attention_triton(q, k, v, kv_cache, slot_mapping, block_tables, seq_le
     size the grid without a device sync). num_kv_splits: KV partitions per sequence (rounded
     down to a power of two, at most 64); None picks one from the device's SM count.
     tile_n (KV positions per tile, a power of two >= 16) and num_warps override the tuned
-    defaults; benchmarks sweep them.
+    defaults; benchmarks sweep them. window: > 0 sliding window (op.py), 0 full causal attention.
     Returns [T, Hq, D] in q's dtype. Rows of tokens outside query_start_loc[S] are undefined.
     """
     _check_inputs(q, k, v, kv_cache, slot_mapping, block_tables, seq_lens, query_start_loc)
@@ -345,7 +353,7 @@ def paged_attention_triton(q, k, v, kv_cache, slot_mapping, block_tables, seq_le
                            dtype=torch.float32, device=q.device)
     _attention_kernel[(num_q_blocks, num_kv_heads, splits)](
         q, kv_cache, block_tables, seq_lens, query_start_loc, out, part_acc, part_m, part_l,
-        float(scale) * _LOG2E, num_seqs,
+        float(scale) * _LOG2E, num_seqs, int(window),
         q.stride(0), q.stride(1), out.stride(0), out.stride(1),
         kv_cache.stride(0), kv_cache.stride(1), kv_cache.stride(2), kv_cache.stride(3),
         block_tables.stride(0),

@@ -19,6 +19,18 @@ tenant sent a prefix. Unsalted sequences share ROOT_KEY.
 KV handed over from another engine (a sequence admitted with num_external_tokens) never enters
 the prefix cache, nor do the blocks after it: its tokens were not computed here, and a handoff
 names its token ids itself, so caching it would serve one request's claim to another.
+
+Sliding window (`sliding_window` > 0: every layer of the model attends within a window, the largest
+of them W; ModelConfig.all_layers_windowed): `free_out_of_window`, called after each step, releases
+the leading blocks no later token can see — block i once (i + 1) * block_size <= N - W + 1, N the
+computed tokens (the next token, at position N, sees (N - W, N]) — and leaves `FREED_BLOCK` in their
+table entries, so a table keeps one entry per block of the sequence (position p is still entry
+p // block_size) while the sequence holds at most ceil(W / block_size) + 1 blocks. The attention op
+never reads an entry before its window (plugins/paged_attention/op.py). Prefix caching stays
+correct: a block is registered (`cache_full_blocks`) before it is released, and a released cached
+block keeps its K/V and its key in the free queue like any freed block, so a later request with the
+same prefix may revive it (its K/V depend on its tokens and the ones before them only). A model
+with any full-attention layer keeps every block (sliding_window 0).
 """
 
 from __future__ import annotations
@@ -31,6 +43,9 @@ from dataclasses import dataclass, field
 from trtforge.serving.core.block_pool import BlockPool
 from trtforge.serving.core.kv_events import KVEventLog
 from trtforge.serving.core.sequence import SeqId, Sequence
+
+FREED_BLOCK = -1
+"""Block-table entry of a leading block released because it fell out of every layer's window."""
 
 ROOT_KEY = hashlib.sha256(b"trtforge prefix cache v1").digest()
 """The parent key of an unsalted sequence's first block."""
@@ -98,9 +113,14 @@ class PrefixHit:
 class KVCacheManager:
     """Block tables of the sequences that hold KV, with exact accounting (`check_invariants`)."""
 
-    def __init__(self, num_blocks: int, block_size: int, enable_prefix_caching: bool = True) -> None:
+    def __init__(self, num_blocks: int, block_size: int, enable_prefix_caching: bool = True,
+                 sliding_window: int = 0) -> None:
         if block_size < 1:
             raise ValueError(f"block_size={block_size} is invalid: must be >= 1")
+        if sliding_window < 0:
+            raise ValueError(f"sliding_window={sliding_window} is invalid: must be >= 0 (0: keep every block)")
+        self.sliding_window = sliding_window
+        """> 0: every layer's window is at most this, and blocks before it are freed (module docstring)."""
         self.block_size = block_size
         self.enable_prefix_caching = enable_prefix_caching
         self.pool = BlockPool(num_blocks)
@@ -235,6 +255,23 @@ class KVCacheManager:
                 self.events.stored(chain.key, parent if i else None, tokens[i * bs:(i + 1) * bs],
                                    seq.cache_salt)
 
+    def free_out_of_window(self, seq: Sequence) -> int:
+        """Release `seq`'s leading blocks that no later token can attend to (sliding_window > 0); their
+        entries become FREED_BLOCK. Registers full blocks in the prefix cache first. Returns how many."""
+        if self.sliding_window <= 0:
+            return 0
+        dead = min(max(0, seq.num_computed_tokens - self.sliding_window + 1) // self.block_size,
+                   len(seq.block_table))
+        table = seq.block_table
+        released = [b for b in table[:dead] if b != FREED_BLOCK]
+        if not released:
+            return 0
+        self.cache_full_blocks(seq)
+        for i in range(dead):
+            table[i] = FREED_BLOCK
+        self.pool.release(reversed(released))
+        return len(released)
+
     def rollback(self, seq: Sequence) -> None:
         """Speculative decoding: shrink `seq`'s table to its computed tokens after rejected drafts
         (their slots held K/V of tokens that are not the sequence's); the blocks left holding only
@@ -250,7 +287,7 @@ class KVCacheManager:
 
     def free(self, seq: Sequence) -> None:
         """Release all of `seq`'s blocks (cached ones stay revivable) and empty its table."""
-        self.pool.release(reversed(seq.block_table))
+        self.pool.release(reversed([b for b in seq.block_table if b != FREED_BLOCK]))
         seq.block_table = []
         self._holders.pop(seq.seq_id, None)
         self._chains.pop(seq.seq_id, None)
@@ -262,13 +299,13 @@ class KVCacheManager:
         problems = self.pool.problems()
         held = Counter()
         for seq in self._holders.values():
-            table = seq.block_table
+            table = [b for b in seq.block_table if b != FREED_BLOCK]
             held.update(table)
             if len(set(table)) != len(table):
                 problems.append(f"sequence {seq.seq_id} holds a block twice: {table}")
             lo, hi = self.blocks_for(seq.num_computed_tokens), self.blocks_for(seq.num_tokens)
-            if not lo <= len(table) <= hi:
-                problems.append(f"sequence {seq.seq_id} has {len(table)} blocks; its "
+            if not lo <= len(seq.block_table) <= hi:
+                problems.append(f"sequence {seq.seq_id} has {len(seq.block_table)} blocks; its "
                                 f"{seq.num_computed_tokens} computed / {seq.num_tokens} tokens need "
                                 f"{lo}..{hi}")
             if seq.is_finished:

@@ -112,11 +112,14 @@ class _Budget:
 class Scheduler:
     """Decides, each iteration, which tokens of which sequences are computed."""
 
-    def __init__(self, config: SchedulerConfig) -> None:
+    def __init__(self, config: SchedulerConfig, sliding_window: int = 0) -> None:
+        """sliding_window > 0: every layer of the model attends within a window of at most this many
+        positions (ModelConfig.all_layers_windowed; the largest window): after each step the blocks
+        before it are freed (KVCacheManager.free_out_of_window). 0: every block is kept."""
         config.validate()
         self.config = config
         self.kv_manager = KVCacheManager(config.num_blocks, config.block_size,
-                                         config.enable_prefix_caching)
+                                         config.enable_prefix_caching, sliding_window)
         self._waiting: deque[Sequence] = deque()  # new requests, add() order
         self._queued_tokens = 0  # prompt tokens of self._waiting (max_queued_tokens)
         self._preempted: list[Sequence] = []  # resume before new requests, oldest first
@@ -440,6 +443,7 @@ class Scheduler:
                 if chunk.num_draft_tokens > accepted:
                     self.kv_manager.rollback(seq)
             self.kv_manager.cache_full_blocks(seq)
+            self.kv_manager.free_out_of_window(seq)  # sliding window: blocks no later token sees
 
     def kv_blocks(self, seq_id: SeqId) -> tuple[list[int], int]:
         """(a copy of the block table, computed tokens) of an unfinished sequence: what a KV

@@ -217,7 +217,7 @@ class CpuDecodePlan:
         _, num_blocks, block_size, _, _ = self.kv_caches[0].shape
         tables, seq_lens = _per_token(inputs)  # alive until the layers are done
         attention = (m.slot_mapping.data_ptr(), tables.data_ptr(), tables.shape[1],
-                     seq_lens.data_ptr(), buf["attn"].data_ptr(), t, hq, hkv, d, d ** -0.5, 0.0, threads)
+                     seq_lens.data_ptr(), buf["attn"].data_ptr(), t, hq, hkv, d, d ** -0.5, 0.0)
         k, v = qkv + 4 * hq * d, qkv + 4 * (hq + hkv) * d  # byte offsets of the k and v heads
         rope_fn = self.fused.trtforge_rope
         if self.kv_scales is None:
@@ -225,12 +225,13 @@ class CpuDecodePlan:
         else:  # int8 KV: pool and scales
             attention_fn = self.attention.trtforge_decode_attention_int8
             pools = [(p.data_ptr(), s.data_ptr()) for p, s in zip(self.kv_caches, self.kv_scales)]
-        for (norm_in, qkv_call, o_call, norm_post, gate_up, silu, down), pool in zip(calls, pools):
+        windows = [getattr(layer.attn, "window", 0) for layer in net.layers]  # sliding window per layer (0: full)
+        for (norm_in, qkv_call, o_call, norm_post, gate_up, silu, down), pool, window in zip(calls, pools, windows):
             norm_in[0](*norm_in[1:])
             if qkv_call[0](*qkv_call[1:], threads):
                 _failed("qkv")
             rope_fn(*rope)
-            if attention_fn(qkv, row, k, row, v, row, *pool, num_blocks, block_size, *attention):
+            if attention_fn(qkv, row, k, row, v, row, *pool, num_blocks, block_size, *attention, window, threads):
                 raise ValueError(f"decode attention: a block id, slot or sequence length is out of range "
                                  f"(seq_lens={seq_lens.tolist()}, slot_mapping={m.slot_mapping.tolist()})")
             if o_call[0](*o_call[1:], threads):
