@@ -10,7 +10,8 @@ from torch import nn
 
 from trtforge.models.layers import Layers
 from trtforge.models.model_config import ModelConfig
-from trtforge.plugins.cpu import fused as cpu_fused
+from trtforge.plugins.cpu import fused as cpu_fused, workspace
+from trtforge.plugins.cpu.linear import CpuLinear
 
 ACTIVATIONS = {
     "silu": F.silu,
@@ -35,11 +36,22 @@ class MLP(nn.Module):
             self.up = layers.linear(f"{prefix}.up", cfg.hidden_size, width, cfg.mlp_bias)
         self.down = layers.linear(f"{prefix}.down", width, cfg.hidden_size, cfg.mlp_bias)
         self.fused_silu = layers.fused_ops and self.act is F.silu
+        self.reuse_gate_up = self.gated and self.fused_silu and isinstance(self.gate_up, CpuLinear)
+        """The packed float32 gate/up writes into a reused buffer (plugins/cpu/workspace.py: a prefill
+        chunk's product is tens of MB, which fresh pages make slow); so does the fused SiLU·mul."""
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         if self.gated:
-            gate_up = self.gate_up(x)  # [T, 2I]
-            h = cpu_fused.silu_mul(gate_up) if self.fused_silu else None  # one C loop
+            reuse = cpu_fused.native_ok(x)  # eager float32 CPU: a thread's scratch holds both temporaries
+            if reuse and self.reuse_gate_up:
+                buf = workspace.scratch("mlp.gate_up", (*x.shape[:-1], self.gate_up.out_features), x)
+                gate_up = self.gate_up(x, out=buf)
+            else:
+                gate_up = self.gate_up(x)  # [T, 2I]
+            h = None
+            if self.fused_silu:  # one C loop
+                out = workspace.scratch("mlp.act", (*x.shape[:-1], gate_up.shape[-1] // 2), x) if reuse else None
+                h = cpu_fused.silu_mul(gate_up, out=out)
             if h is None:
                 gate, up = gate_up.chunk(2, dim=-1)  # [T, I] each
                 h = self.act(gate) * up

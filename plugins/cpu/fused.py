@@ -55,12 +55,14 @@ def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float,
     return out, x if residual is None else residual
 
 
-def silu_mul(gate_up: torch.Tensor) -> torch.Tensor | None:
-    """gate_up [T, 2I] (gate, then up) -> silu(gate) * up [T, I]; None where the kernel cannot run."""
+def silu_mul(gate_up: torch.Tensor, out: torch.Tensor | None = None) -> torch.Tensor | None:
+    """gate_up [T, 2I] (gate, then up) -> silu(gate) * up [T, I]; None where the kernel cannot run.
+    out: a contiguous float32 [T, I] to write it into (a reused buffer, plugins/cpu/workspace.py)."""
     inter = gate_up.shape[-1] // 2
     if not (native_ok(gate_up) and inter % 8 == 0):
         return None
-    out = gate_up.new_empty((*gate_up.shape[:-1], inter))
+    if out is None:
+        out = gate_up.new_empty((*gate_up.shape[:-1], inter))
     LIBRARY.lib.trtforge_silu_mul(gate_up.data_ptr(), out.data_ptr(), gate_up.numel() // (2 * inter), inter)  # type: ignore[union-attr]
     return out
 

@@ -120,12 +120,13 @@ def packed_ok(x: torch.Tensor) -> bool:
 
 
 def packed_linear(x: torch.Tensor, packed: torch.Tensor, bias: torch.Tensor | None, out_features: int,
-                  lib: ctypes.CDLL | None = None) -> torch.Tensor:
-    """y = x W^T + b by the packed C kernel; x float32 contiguous CPU [..., K] (`packed_ok`)."""
+                  lib: ctypes.CDLL | None = None, out: torch.Tensor | None = None) -> torch.Tensor:
+    """y = x W^T + b by the packed C kernel; x float32 contiguous CPU [..., K] (`packed_ok`). out: a
+    contiguous float32 tensor of y's shape to write y into (a reused buffer, plugins/cpu/workspace.py)."""
     lib = lib or LIBRARY.lib
     k = packed.shape[1]
     rows = x.numel() // k
-    y = x.new_empty((*x.shape[:-1], out_features))
+    y = x.new_empty((*x.shape[:-1], out_features)) if out is None else out
     lib.trtforge_packed_linear(x.data_ptr(), rows, packed.data_ptr(), None if bias is None else bias.data_ptr(),  # type: ignore[union-attr]
                                y.data_ptr(), out_features, k, torch.get_num_threads())
     return y
@@ -171,10 +172,12 @@ class CpuLinear(nn.Module):
         return (f"in_features={self.in_features}, out_features={self.out_features}, bias={self.bias is not None}, "
                 f"{layout}")
 
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
+    def forward(self, x: torch.Tensor, out: torch.Tensor | None = None) -> torch.Tensor:
+        """out: where the packed kernel may write y (contiguous, y's shape); the other paths return a new
+        tensor, so a caller always uses the tensor returned."""
         if self.packed is not None:
             if packed_ok(x):
-                return packed_linear(x, self.packed, self.bias, self.out_features)
+                return packed_linear(x, self.packed, self.bias, self.out_features, out=out)
             return torch.nn.functional.linear(x, self.dense_weight(), self.bias)
         return cpu_linear(x, self.weight, self.bias)
 
