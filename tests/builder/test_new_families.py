@@ -58,7 +58,8 @@ def test_config_reading_records_the_switches(tmp_path):
     assert m.embedding_multiplier == pytest.approx(64 ** 0.5) and m.attention_scale == pytest.approx(24 ** -0.5)
     assert (m.rope_type, m.rope_theta, m.rope_local_type, m.rope_local_theta) == ("linear", 1e6, "default", 1e4)
     assert m.layer_types == ["sliding_attention", "full_attention", "sliding_attention"]
-    assert cfg.build["max_seq_len"] == 96  # capped at the sliding window
+    assert m.layer_windows == [96, 0, 96]  # the sliding layers attend within their window
+    assert cfg.build["max_seq_len"] == m.max_position_embeddings > 96  # so nothing caps the sequence at it
     net = LLMEngine.from_engine_dir(tmp_path / "e3").executor.network
     assert [layer.local_rope for layer in net.layers] == [True, False, True]
     assert not torch.equal(net.rope_inv_freq, net.rope_local_inv_freq)
