@@ -85,9 +85,9 @@ class QuantLinear(nn.Module):
         self.c_kernels = kernels.quant_linear == "cpu"
         """Whether the C kernels run where they can (float32 CPU eager inference); else the reference."""
         self.native = self.c_kernels
-        """Whether a caller may run this layer as the C kernel of (qweight, scales, bias) alone — the CPU decode
-        plan does: false for a pre-quantized layer with zero points or an input permutation (`zeros`, `perm`),
-        whose forward adds those around the kernel."""
+        """Whether a caller may run this layer on the C kernels directly, as the CPU decode plan does — with a
+        pre-quantized layer's zero points and input permutation (`zeros`, `perm`) around the kernel as `forward`
+        adds them (the plan by quant_linear.c's helpers: `zero_scales_t`, `perm`)."""
         self.a8 = kernels.quant_activations == "int8" and ql.a8_ok(in_features, scheme, self.group)
         """Whether the C GEMV quantises the activations to int8 (any row count) or keeps them float."""
         self._dense = onednn_linear if kernels.linear == "cpu" else F.linear
@@ -100,11 +100,25 @@ class QuantLinear(nn.Module):
     zeros: torch.Tensor | None
     """Pre-quantized asymmetric checkpoints (GPTQ sym=false, AWQ, compressed-tensors with zero points): int8
     [N, G] zero points in the codes' domain, w = (q - zero) · scale (G = K / group; 1 for int8_wo). The kernels
-    run on the codes and `quant_linear.zero_point_correction` takes Σ_g (scale · zero) · Σ_group x off."""
+    run on the codes and `quant_linear.zero_point_correction` (its C helper here: `zero_point_correction_into`) takes
+    Σ_g (scale · zero) · Σ_group x off."""
     perm: torch.Tensor | None
     """Pre-quantized GPTQ act-order (desc_act): int64 [K], the input each weight column holds (columns sorted
     by group, so groups are contiguous); the input is gathered x[..., perm] first."""
     _zero_scales: torch.Tensor | None = None
+    _zero_scales_t: torch.Tensor | None = None
+
+    def zero_scales(self) -> torch.Tensor:
+        """float32 [N, G] = scale · zero (exact: a small integer times a scale) of a layer with `zeros`, cached."""
+        if self._zero_scales is None:
+            self._zero_scales = self.scales.view(self.out_features, -1) * self.zeros.view(self.out_features, -1).float()
+        return self._zero_scales
+
+    def zero_scales_t(self) -> torch.Tensor:
+        """`zero_scales` transposed, contiguous [G, N]: the layout of quant_linear.c's correction helper."""
+        if self._zero_scales_t is None:
+            self._zero_scales_t = self.zero_scales().t().contiguous()
+        return self._zero_scales_t
 
     def _load_from_state_dict(self, state_dict: Any, prefix: str, *args: Any) -> None:
         """`zeros` and `perm` exist where the engine file has them (pre-quantized checkpoints' layers)."""
@@ -113,8 +127,6 @@ class QuantLinear(nn.Module):
             if t is not None and self._buffers.get(name) is None:
                 self.register_buffer(name, torch.empty(t.shape, dtype=t.dtype, device="meta"))
         super()._load_from_state_dict(state_dict, prefix, *args)
-        if self.zeros is not None or self.perm is not None:
-            self.native = False  # the decode plan would call the kernel without them: not offered to it
         if self.scheme == "int8_wo" and self.a8 and prefix + "qweight" in state_dict \
                 and not self.qweight.is_meta and int(self.qweight.min()) < -127:
             # a pre-quantized int8 code of -128: the AVX2 int8-activation kernel carries x's sign on the
@@ -151,12 +163,9 @@ class QuantLinear(nn.Module):
             x = x.index_select(-1, self.perm)
         if self.c_kernels and ql.kernel_ok(x, self.in_features, self.group or 8):
             y = self._kernel(x)
-            if self.zeros is not None:
-                if self._zero_scales is None:
-                    self._zero_scales = self.scales.view(self.out_features, -1) * self.zeros.view(
-                        self.out_features, -1).float()
-                y.view(-1, self.out_features).sub_(ql.zero_point_correction(x.reshape(-1, self.in_features),
-                                                                            self._zero_scales))
+            if self.zeros is not None:  # quant_linear.c's helper, as the CPU decode plan calls it
+                ql.zero_point_correction_into(y.view(-1, self.out_features), x.reshape(-1, self.in_features),
+                                              self.zero_scales_t())
             return y
         return F.linear(x, self.dequantized(x.dtype), self.bias)  # the reference
 

@@ -789,3 +789,69 @@ int trtforge_gemm_int8_vnni(const float *x, int64_t rows, const int8_t *wp, cons
     return -2;
 }
 #endif
+
+/* ---- pre-quantized checkpoints' extras around the kernels above (quant_linear.py: the references) ------
+ *
+ * The kernels compute x·(q·s)ᵀ on a layer's codes; a pre-quantized layer with zero points (w = (q - z)·s)
+ * then takes off Σ_g (s·z)[n, g] · Σ_{i in group g} x[r, i] (`zero_point_correction`), and an act-order
+ * one first gathers its input x[r, perm[j]] into the weight columns' order (`gather_columns`). */
+
+/* out[r, j] = x[r, perm[j]] (x and out [rows, k], distinct). */
+void trtforge_gather_columns(const float *x, int64_t rows, int64_t k, const int64_t *perm, float *out) {
+    for (int64_t r = 0; r < rows; r++)
+        for (int64_t j = 0; j < k; j++) out[r * k + j] = x[r * k + perm[j]];
+}
+
+/* y[r, n] -= Σ_g zs_t[g, n] · Σ_{i in group g} x[r, i], x [rows, k] (k / groups a multiple of 8), zs_t the
+ * scale · zero products transposed, [groups, n_out] (contiguous over n: eight outputs per vector).
+ * Returns -1 when the group sums' scratch cannot be allocated, else 0. */
+int trtforge_zero_point_correction(const float *x, int64_t rows, int64_t k, int64_t groups, const float *zs_t,
+                                   float *y, int64_t n_out, int64_t threads) {
+    const int64_t group = k / groups;
+    float *gs = malloc((size_t)(rows * groups) * sizeof(float));
+    if (!gs) return -1;
+    for (int64_t r = 0; r < rows; r++)
+        for (int64_t g = 0; g < groups; g++) {
+            const float *p = x + r * k + g * group;
+            v8f acc = v8_splat(0.0f);
+            for (int64_t i = 0; i < group; i += 8) acc += v8_load(p + i);
+            gs[r * groups + g] = v8_sum(acc);
+        }
+    const int64_t vec = n_out / 8, blocks = (vec + 3) / 4;  /* blocks of four vectors: each group sum splat once */
+#pragma omp parallel for schedule(static) num_threads(threads) if (rows * n_out * groups >= 1 << 16)
+    for (int64_t b = 0; b <= blocks; b++) {
+        if (b == blocks) {  /* the last n_out % 8 outputs */
+            for (int64_t n = vec * 8; n < n_out; n++)
+                for (int64_t r = 0; r < rows; r++) {
+                    float acc = 0.0f;
+                    for (int64_t g = 0; g < groups; g++) acc += gs[r * groups + g] * zs_t[g * n_out + n];
+                    y[r * n_out + n] -= acc;
+                }
+            continue;
+        }
+        const int64_t n0 = b * 32, nv = vec - b * 4 < 4 ? vec - b * 4 : 4;
+        for (int64_t r = 0; r < rows; r++) {
+            const float *s = gs + r * groups;
+            float *out = y + r * n_out + n0;
+            if (nv == 4) {
+                v8f a0 = v8_splat(0.0f), a1 = a0, a2 = a0, a3 = a0;
+                for (int64_t g = 0; g < groups; g++) {
+                    const v8f sg = v8_splat(s[g]);
+                    const float *z = zs_t + g * n_out + n0;
+                    a0 += sg * v8_load(z), a1 += sg * v8_load(z + 8), a2 += sg * v8_load(z + 16);
+                    a3 += sg * v8_load(z + 24);
+                }
+                v8_store(out, v8_load(out) - a0), v8_store(out + 8, v8_load(out + 8) - a1);
+                v8_store(out + 16, v8_load(out + 16) - a2), v8_store(out + 24, v8_load(out + 24) - a3);
+            } else {
+                for (int64_t j = 0; j < nv * 8; j += 8) {
+                    v8f acc = v8_splat(0.0f);
+                    for (int64_t g = 0; g < groups; g++) acc += v8_splat(s[g]) * v8_load(zs_t + g * n_out + n0 + j);
+                    v8_store(out + j, v8_load(out + j) - acc);
+                }
+            }
+        }
+    }
+    free(gs);
+    return 0;
+}

@@ -51,7 +51,9 @@ _SIGNATURES = {"trtforge_gemv_int8": (None, [_P, _I, _P, _P, _P, _P, _I, _I, _I]
                "trtforge_dequant_int4": (None, [_P, _P, _P, _I, _I, _I, _I]),
                "trtforge_vnni": (ctypes.c_int, []),
                "trtforge_pack_int8_vnni": (ctypes.c_int, [_P, _I, _I, _P, _P, _I]),
-               "trtforge_gemm_int8_vnni": (ctypes.c_int, [_P, _I, _P, _P, _P, _P, _P, _I, _I, _I])}
+               "trtforge_gemm_int8_vnni": (ctypes.c_int, [_P, _I, _P, _P, _P, _P, _P, _I, _I, _I]),
+               "trtforge_gather_columns": (None, [_P, _I, _I, _P, _P]),
+               "trtforge_zero_point_correction": (ctypes.c_int, [_P, _I, _I, _I, _P, _P, _I, _I])}
 LIBRARY = native.NativeLibrary(Path(__file__).with_name("quant_linear.c"), _SIGNATURES,
                                extra_flags=("-fopenmp", "-ffp-contract=fast"))
 library = LIBRARY.get  # the library, or None where it cannot be built (then the torch references run)
@@ -134,6 +136,27 @@ def zero_point_correction(x: torch.Tensor, zero_scales: torch.Tensor) -> torch.T
     rows, k = x.shape
     g = zero_scales.shape[1]
     return x.float().view(rows, g, k // g).sum(-1) @ zero_scales.t()
+
+
+def zero_point_correction_into(y: torch.Tensor, x: torch.Tensor, zero_scales_t: torch.Tensor,
+                               lib: ctypes.CDLL | None = None) -> torch.Tensor:
+    """y -= `zero_point_correction`(x, zero_scales_t.t()) in place by the C helper (quant_linear.c): x float32
+    contiguous [rows, K] (K / groups a multiple of 8), y [rows, N] contiguous, zero_scales_t float32 [G, N]
+    contiguous (s·z transposed, as `QuantLinear.zero_scales_t` keeps it). Returns y."""
+    lib = lib or LIBRARY.lib
+    rows, k = x.shape
+    if lib.trtforge_zero_point_correction(x.data_ptr(), rows, k, zero_scales_t.shape[0], zero_scales_t.data_ptr(),  # type: ignore[union-attr]
+                                          y.data_ptr(), y.shape[1], torch.get_num_threads()):
+        raise MemoryError("zero-point correction: no memory for the group sums")
+    return y
+
+
+def gather_columns(x: torch.Tensor, perm: torch.Tensor, lib: ctypes.CDLL | None = None) -> torch.Tensor:
+    """x[:, perm] by the C helper: x float32 contiguous [rows, K], perm int64 [K] (GPTQ act-order's input order)."""
+    lib = lib or LIBRARY.lib
+    out = torch.empty_like(x)
+    lib.trtforge_gather_columns(x.data_ptr(), x.shape[0], x.shape[1], perm.data_ptr(), out.data_ptr())  # type: ignore[union-attr]
+    return out
 
 
 # ---- activations quantised too (decode): the reference -------------------------------------------
@@ -289,6 +312,6 @@ def dequantize_into(out: torch.Tensor, qweight: torch.Tensor, scales: torch.Tens
 
 
 __all__ = ["ACT_BLOCK", "GEMV_MAX_ROWS", "QMAX", "SCHEMES", "a8_ok", "dequantize", "dequantize_into", "gemm_int8_vnni",
-           "gemv", "pack_int8_vnni", "pack_int8_vnni_reference", "unpack_int8_vnni", "vnni_available",
+           "gather_columns", "gemv", "pack_int8_vnni", "pack_int8_vnni_reference", "unpack_int8_vnni", "vnni_available",
            "gemv_a8_reference", "gemv_function", "kernel_ok", "pack_int4", "quantize", "quantize_activations",
-           "unpack_int4", "zero_point_correction"]
+           "unpack_int4", "zero_point_correction", "zero_point_correction_into"]

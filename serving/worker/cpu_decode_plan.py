@@ -29,7 +29,12 @@ for their decoder linears (QuantLinear) and their LM head when it is quantized t
 supplies the embeddings: QuantEmbedding dequantises the looked-up rows) — the int8-activation kernel
 where it takes the layer, exactly as each QuantLinear was built to run (its `a8`: models/quantized_layers.py).
 Which linears qualify is decided by the layers the network was built with (models/layers.py): a
-packed CpuLinear, the packed tied LM head, or a QuantLinear on its C kernels.
+packed CpuLinear, the packed tied LM head, or a QuantLinear on its C kernels. A pre-quantized
+checkpoint's decoder layer (GPTQ / AWQ / compressed-tensors) runs as its `forward` does: an act-order
+permutation gathers the input into a scratch buffer first (`trtforge_gather_columns`) and zero points
+subtract their correction from the GEMV's output after it (`trtforge_zero_point_correction`, both in
+quant_linear.c) — one Python closure per such layer wrapping the three calls; layers without them keep
+their single GEMV call.
 """
 
 from __future__ import annotations
@@ -53,12 +58,13 @@ def _ptr(t: torch.Tensor | None) -> int | None:
     return None if t is None else t.data_ptr()
 
 
-def _plan_linear(m: Any) -> bool:
+def _plan_linear(m: Any, head: bool = False) -> bool:
     """A linear the plan can call: a packed float32 CpuLinear or tied head, or a QuantLinear built
-    for its C kernels and of a shape they take."""
+    for its C kernels and of a shape they take (zero points and a permutation: decoder layers only)."""
     if isinstance(m, QuantLinear):
         return (m.native and m.in_features % 8 == 0 and (m.group or 8) % 8 == 0 and m.scales.device.type == "cpu"
-                and (m.bias is None or m.bias.dtype == torch.float32))
+                and (m.bias is None or m.bias.dtype == torch.float32)
+                and not (head and (m.zeros is not None or m.perm is not None)))
     return isinstance(m, (CpuLinear, TiedLMHead)) and m.packed is not None
 
 
@@ -73,6 +79,33 @@ def _quant_gemv(lin: QuantLinear, x: int, t: int, y: int) -> tuple:
     fn = cpu_quant.gemv_function(lin.scheme, lin.a8)
     args = (x, t, lin.qweight.data_ptr(), lin.scales.data_ptr(), _ptr(lin.bias), y, lin.out_features, lin.in_features)
     return (fn, *args) if lin.scheme == "int8_wo" else (fn, *args, lin.group)
+
+
+def _with_extras(lin: QuantLinear, x: int, t: int, y: int, gathered: int | None) -> tuple:
+    """The call tuple of a QuantLinear with zero points and/or a permutation: (closure,), called with the
+    threads like a GEMV tuple — gather x into `gathered` (perm), the GEMV on it, then the zero-point
+    correction on the GEMV's input and output. Layers without either get `_quant_gemv`'s tuple itself."""
+    if lin.zeros is None and lin.perm is None:
+        return _quant_gemv(lin, x, t, y)
+    lib = cpu_quant.LIBRARY.lib
+    gather = None if lin.perm is None else (lib.trtforge_gather_columns, x, t, lin.in_features,
+                                             lin.perm.data_ptr(), gathered)
+    x = x if gather is None else gathered
+    gemv_fn, *gemv_args = _quant_gemv(lin, x, t, y)
+    correct = None
+    if lin.zeros is not None:
+        zs = lin.zero_scales_t()  # cached on the layer: alive as long as the plan's pointer
+        correct = (lib.trtforge_zero_point_correction, x, t, lin.in_features, zs.shape[0], zs.data_ptr(), y,
+                   lin.out_features)
+
+    def call(threads: int) -> int:
+        if gather is not None:
+            gather[0](*gather[1:])
+        if gemv_fn(*gemv_args, threads):
+            return 1
+        return 0 if correct is None else correct[0](*correct[1:], threads)
+
+    return (call,)
 
 
 def _linears(network: Any) -> list[Any]:
@@ -118,6 +151,9 @@ class CpuDecodePlan:
         self.max_rows = GEMV_MAX_ROWS if float_gemv else MAX_ROWS
         """Most tokens a step may have: MAX_ROWS, or the float-activation quantized GEMVs' limit
         where a layer runs one."""
+        self._gather_width = max((m.in_features for m in _linears(network)
+                                  if isinstance(m, QuantLinear) and m.perm is not None), default=0)
+        """Widest input an act-order layer gathers (its scratch buffer "gathered"; 0: none has a permutation)."""
 
     @classmethod
     def build(cls, network: Any, kv_caches: list[torch.Tensor],
@@ -134,7 +170,7 @@ class CpuDecodePlan:
         llama_style = (c.norm == "rms" and c.gated_mlp and c.activation == "silu" and c.position == "rope"
                        and not c.qk_norm and not c.switches_beyond_llama())
         linears = _linears(network) if llama_style else []
-        if not llama_style or not all(_plan_linear(m) for m in linears):
+        if not llama_style or not all(_plan_linear(m, head=i == 0) for i, m in enumerate(linears)):
             return None
         if c.hidden_size % 8 or c.head_dim % 8 or c.intermediate_size % 8:
             return None
@@ -165,6 +201,8 @@ class CpuDecodePlan:
         shapes = {"x": c.hidden_size, "residual": c.hidden_size, "h": c.hidden_size, "o": c.hidden_size,
                   "qkv": qkv_width, "attn": c.num_heads * c.head_dim, "gate_up": 2 * c.intermediate_size,
                   "act": c.intermediate_size}
+        if self._gather_width:
+            shapes["gathered"] = self._gather_width
         if not self._buffers or self._buffers["x"].shape[0] < t:  # grow: every prepared pointer is stale
             rows = min(self.max_rows, -(-t // 16) * 16)
             self._buffers = {name: torch.empty(rows, width) for name, width in shapes.items()}
@@ -175,7 +213,7 @@ class CpuDecodePlan:
 
         def gemv(x: str, lin: CpuLinear | TiedLMHead | QuantLinear, y: str) -> tuple:
             if isinstance(lin, QuantLinear):
-                return _quant_gemv(lin, p[x], t, p[y])
+                return _with_extras(lin, p[x], t, p[y], p.get("gathered"))
             return (self.linear.trtforge_packed_linear, p[x], t, lin.packed.data_ptr(),
                     _ptr(getattr(lin, "bias", None)), p[y], lin.out_features, lin.in_features)
 

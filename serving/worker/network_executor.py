@@ -103,4 +103,7 @@ def _quantization(network: Any) -> str | None:
     group = f" (group {layers[0].group})" if layers[0].group else ""
     kernel = ("quantized GEMV " + ("on" if cpu_quant.library() is not None else "OFF") if layers[0].native
               else "torch reference (dequantise + matmul)")
+    extras = [name for name, attr in (("zero points", "zeros"), ("act-order", "perm"))
+              if any(getattr(m, attr) is not None for m in layers)]
+    kernel += f" + {' and '.join(extras)}" if extras else ""
     return f"{layers[0].scheme} weights{group}: {kernel}"

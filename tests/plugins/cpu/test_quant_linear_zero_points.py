@@ -40,7 +40,7 @@ def _layer(scheme: str, group: int, k: int, n: int, act: str, perm: bool, seed: 
 def test_kernel_with_zero_points_equals_the_reference(scheme, group, rows, perm):
     k, n = 128, 48
     lin, state = _layer(scheme, group, k, n, "float", perm)
-    assert lin.c_kernels and not lin.native  # the decode plan must not call it without its zero points
+    assert lin.c_kernels and lin.native  # the decode plan calls it too, with its zero points around the kernel
     x = torch.randn(rows, k)
     w = ql.dequantize(state["qweight"], state["scales"], scheme, group, torch.float64, state["zeros"])
     xp = x[:, state["perm"]] if perm else x
@@ -63,3 +63,29 @@ def test_int8_activations_with_zero_points_and_a_minus_128_code():
     w = ql.dequantize(state4["qweight"], state4["scales"], "int4_wo", 32, torch.float64, state4["zeros"])
     ref = (x[:, state4["perm"]].double() @ w.t() + state4["bias"].double()).float()
     assert (lin4(x) - ref).abs().max() < 0.02 * ref.abs().max()  # activations rounded to int8 per block of 32
+
+
+@pytest.mark.skipif(ql.library() is None, reason="needs a C compiler for quant_linear.c")
+@pytest.mark.parametrize("n", [48, 45, 104])  # 45: past the last vector of eight; 104: blocks of 32 + 8
+@pytest.mark.parametrize("rows", [1, 3, 70])
+@pytest.mark.parametrize("groups", [1, 4])  # 1: int8_wo (one group of K)
+def test_zero_point_correction_helper_equals_the_reference(n, rows, groups):
+    """quant_linear.c's correction (the CPU decode plan's) against `zero_point_correction` in torch."""
+    g = torch.Generator().manual_seed(rows + n)
+    k = 128
+    x = torch.randn(rows, k, generator=g)
+    zs = (torch.randint(-8, 8, (n, groups), generator=g) * (torch.rand(n, groups, generator=g) * 0.05)).float()
+    y0 = torch.randn(rows, n, generator=g)
+    ref = y0 - ql.zero_point_correction(x, zs)
+    got = ql.zero_point_correction_into(y0.clone(), x, zs.t().contiguous())
+    torch.testing.assert_close(got, ref, atol=1e-5, rtol=1e-5)
+
+
+@pytest.mark.skipif(ql.library() is None, reason="needs a C compiler for quant_linear.c")
+def test_gather_columns_helper():
+    x = torch.randn(5, 96)
+    perm = torch.randperm(96)
+    assert torch.equal(ql.gather_columns(x, perm), x[:, perm])
+    lin, _ = _layer("int4_wo", 32, 128, 48, "float", True)
+    assert lin.native  # the decode plan runs it, with the gather and the correction around the GEMV
+    assert torch.equal(lin.zero_scales_t(), (lin.scales * lin.zeros.float()).t())
