@@ -33,7 +33,7 @@ def _layer(scheme: str, group: int, k: int, n: int, act: str, perm: bool, seed: 
     return lin, state
 
 
-@pytest.mark.skipif(ql.library() is None, reason="needs a C compiler for quant_linear.c")
+@pytest.mark.usefixtures("each_isa")  # every ISA build of quant_linear.c (asserted to build: no skip)
 @pytest.mark.parametrize("scheme,group", [("int4_wo", 32), ("int4_wo", 64), ("int8_wo", 0)])
 @pytest.mark.parametrize("rows", [1, 5, 40])
 @pytest.mark.parametrize("perm", [False, True])
@@ -53,7 +53,7 @@ def test_kernel_with_zero_points_equals_the_reference(scheme, group, rows, perm)
     assert torch.allclose(F.linear(x.double(), full, state["bias"].double()).float(), ref, atol=1e-4)
 
 
-@pytest.mark.skipif(ql.library() is None, reason="needs a C compiler for quant_linear.c")
+@pytest.mark.usefixtures("each_isa")  # every ISA build of quant_linear.c (asserted to build: no skip)
 def test_int8_activations_with_zero_points_and_a_minus_128_code():
     lin, state = _layer("int8_wo", 0, 128, 48, "int8", False)
     assert int(state["qweight"].min()) == -128 and not lin.a8  # -128: the float-activation kernel
@@ -65,7 +65,7 @@ def test_int8_activations_with_zero_points_and_a_minus_128_code():
     assert (lin4(x) - ref).abs().max() < 0.02 * ref.abs().max()  # activations rounded to int8 per block of 32
 
 
-@pytest.mark.skipif(ql.library() is None, reason="needs a C compiler for quant_linear.c")
+@pytest.mark.usefixtures("each_isa")  # every ISA build of quant_linear.c (asserted to build: no skip)
 @pytest.mark.parametrize("n", [48, 45, 104])  # 45: past the last vector of eight; 104: blocks of 32 + 8
 @pytest.mark.parametrize("rows", [1, 3, 70])
 @pytest.mark.parametrize("groups", [1, 4])  # 1: int8_wo (one group of K)
@@ -81,7 +81,7 @@ def test_zero_point_correction_helper_equals_the_reference(n, rows, groups):
     torch.testing.assert_close(got, ref, atol=1e-5, rtol=1e-5)
 
 
-@pytest.mark.skipif(ql.library() is None, reason="needs a C compiler for quant_linear.c")
+@pytest.mark.usefixtures("each_isa")  # every ISA build of quant_linear.c (asserted to build: no skip)
 def test_gather_columns_helper():
     x = torch.randn(5, 96)
     perm = torch.randperm(96)
