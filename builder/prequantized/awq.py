@@ -16,7 +16,7 @@ from typing import Any
 
 import torch
 
-from trtforge.builder.prequantized.codes import LinearCodes, float_scales, to_signed, unpack_int32
+from trtforge.builder.prequantized.codes import LinearCodes, read_packed, to_signed, unpack_int32
 from trtforge.models.errors import BuildError
 
 AWQ_ORDER = (0, 2, 4, 6, 1, 3, 5, 7)
@@ -62,14 +62,7 @@ def _deinterleave(fields: torch.Tensor) -> torch.Tensor:
 
 
 def read(src: Any, reader: Any, module: str) -> LinearCodes:
-    for t in ("qweight", "qzeros", "scales"):
-        if not reader.has(f"{module}.{t}"):
-            raise BuildError(f"the AWQ checkpoint is missing {module}.{t}.")
-    qweight, qzeros = reader.get(f"{module}.qweight"), reader.get(f"{module}.qzeros")
-    for name, t in (("qweight", qweight), ("qzeros", qzeros)):
-        if t.dtype != torch.int32:
-            raise BuildError(f"{module}.{name} has dtype {t.dtype}; AWQ packs int32 words.")
-    scales = float_scales(reader.get(f"{module}.scales"), f"{module}.scales")  # [G, N]
+    qweight, qzeros, scales = read_packed(reader, module, "AWQ")  # scales [G, N]
     q = _deinterleave(unpack_int32(qweight, 4, 1))  # [K, N] unsigned
     z = _deinterleave(unpack_int32(qzeros, 4, 1))  # [G, N]
     k, n = q.shape

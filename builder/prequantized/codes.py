@@ -14,6 +14,7 @@ packs two per byte), zero points likewise minus 8; int8 codes are signed -128..1
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Any
 
 import torch
 
@@ -90,3 +91,16 @@ def float_scales(t: torch.Tensor, name: str) -> torch.Tensor:
     if not t.is_floating_point():
         raise BuildError(f"{name} has dtype {t.dtype}: a scale tensor must be floating point.")
     return t.float()
+
+
+def read_packed(reader: Any, module: str, fmt: str) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """(qweight, qzeros, float32 scales) of a GPTQ/AWQ-style linear `module`: every tensor present, the codes
+    and zeros packed in int32 words; `fmt` names the format in the errors."""
+    for t in ("qweight", "qzeros", "scales"):
+        if not reader.has(f"{module}.{t}"):
+            raise BuildError(f"the {fmt} checkpoint is missing {module}.{t}.")
+    qweight, qzeros = reader.get(f"{module}.qweight"), reader.get(f"{module}.qzeros")
+    for name, t in (("qweight", qweight), ("qzeros", qzeros)):
+        if t.dtype != torch.int32:
+            raise BuildError(f"{module}.{name} has dtype {t.dtype}; {fmt} packs int32 words.")
+    return qweight, qzeros, float_scales(reader.get(f"{module}.scales"), f"{module}.scales")

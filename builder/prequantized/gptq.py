@@ -20,7 +20,7 @@ from typing import Any
 
 import torch
 
-from trtforge.builder.prequantized.codes import LinearCodes, float_scales, to_signed, unpack_int32
+from trtforge.builder.prequantized.codes import LinearCodes, read_packed, to_signed, unpack_int32
 from trtforge.models.errors import BuildError
 
 CHECKPOINT_FORMATS = ("gptq", "gptq_v2")
@@ -68,14 +68,7 @@ def logical_shape(src: Any, reader: Any, module: str) -> tuple[int, int]:
 
 def read(src: Any, reader: Any, module: str) -> LinearCodes:
     bits, mask = src.bits, (1 << src.bits) - 1
-    for t in ("qweight", "qzeros", "scales"):
-        if not reader.has(f"{module}.{t}"):
-            raise BuildError(f"the GPTQ checkpoint is missing {module}.{t}.")
-    qweight, qzeros = reader.get(f"{module}.qweight"), reader.get(f"{module}.qzeros")
-    for name, t in (("qweight", qweight), ("qzeros", qzeros)):
-        if t.dtype != torch.int32:
-            raise BuildError(f"{module}.{name} has dtype {t.dtype}; GPTQ packs int32 words.")
-    scales = float_scales(reader.get(f"{module}.scales"), f"{module}.scales")  # [G, N]
+    qweight, qzeros, scales = read_packed(reader, module, "GPTQ")  # scales [G, N]
     q = unpack_int32(qweight, bits, 0)  # [K, N] unsigned
     k, n = q.shape
     groups = scales.shape[0]
