@@ -1,5 +1,6 @@
-"""Per-thread scratch buffers for a forward pass's big temporaries on CPU (the MLP's gate/up product
-and its activation), reused from call to call instead of allocated afresh.
+"""Per-thread scratch buffers for a forward pass's big temporaries (the MLP's gate/up product and its
+activation on CPU; the torch attention path's gathered K/V, plugins/paged_attention/cpu.py), reused
+from call to call instead of allocated afresh.
 
 Why: glibc serves an allocation above its mmap threshold (at most 32 MiB) with fresh pages, and
 every first touch of a 4 KiB page is a page fault that the kernel answers by zeroing it. A prefill

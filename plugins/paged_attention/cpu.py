@@ -58,29 +58,21 @@ import threading
 import torch
 import torch.nn.functional as F
 
+from trtforge.plugins.cpu import workspace
 from trtforge.plugins.paged_attention import cpu_native
 from trtforge.plugins.paged_attention.reference import write_kv
 
-_workspace = threading.local()  # per thread: {(slot, dtype, device): flat scratch tensor}
+_workspace = threading.local()  # per thread: the kept decode mask (scratch buffers: plugins/cpu/workspace.py)
 
 
 def _scratch(slot: int, numel: int, like: torch.Tensor) -> torch.Tensor:
-    """A flat buffer of numel elements (like's dtype/device), reused by later calls."""
-    buffers = getattr(_workspace, "buffers", None)
-    if buffers is None:
-        buffers = _workspace.buffers = {}
-    # Buffers made under inference_mode are inference tensors, which may not be written outside
-    # it (and vice versa for autograd-tracked use): keep one set per mode.
-    key = (slot, like.dtype, like.device, torch.is_inference_mode_enabled())
-    buf = buffers.get(key)
-    if buf is None or buf.numel() < numel:
-        buf = buffers[key] = torch.empty(numel, dtype=like.dtype, device=like.device)
-    return buf[:numel]
+    """A flat buffer of numel elements (like's dtype/device), reused by later calls (plugins/cpu/workspace.py)."""
+    return workspace.scratch(f"attention.{slot}", (numel,), like)
 
 
 def clear_workspace() -> None:
     """Free this thread's scratch buffers and kept mask (they otherwise live as long as the thread)."""
-    _workspace.buffers = {}
+    workspace.clear()
     _workspace.mask = None
 
 
