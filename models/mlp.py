@@ -10,6 +10,7 @@ from torch import nn
 
 from trtforge.models.layers import Layers
 from trtforge.models.model_config import ModelConfig
+from trtforge.models.quantized_layers import QuantLinear
 from trtforge.plugins.cpu import fused as cpu_fused, workspace
 from trtforge.plugins.cpu.linear import CpuLinear
 
@@ -36,9 +37,9 @@ class MLP(nn.Module):
             self.up = layers.linear(f"{prefix}.up", cfg.hidden_size, width, cfg.mlp_bias)
         self.down = layers.linear(f"{prefix}.down", width, cfg.hidden_size, cfg.mlp_bias)
         self.fused_silu = layers.fused_ops and self.act is F.silu
-        self.reuse_gate_up = self.gated and self.fused_silu and isinstance(self.gate_up, CpuLinear)
-        """The packed float32 gate/up writes into a reused buffer (plugins/cpu/workspace.py: a prefill
-        chunk's product is tens of MB, which fresh pages make slow); so does the fused SiLU·mul."""
+        self.reuse_gate_up = self.gated and self.fused_silu and isinstance(self.gate_up, (CpuLinear, QuantLinear))
+        """The packed float32 or quantized gate/up writes into a reused buffer (plugins/cpu/workspace.py: a
+        prefill chunk's product is tens of MB, which fresh pages make slow); so does the fused SiLU·mul."""
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         if self.gated:

@@ -158,25 +158,28 @@ class QuantLinear(nn.Module):
             if not self.gemv_only:  # a decoder layer, not the head
                 self.qweight = None
 
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
+    def forward(self, x: torch.Tensor, out: torch.Tensor | None = None) -> torch.Tensor:
+        """out: a contiguous float32 tensor of y's shape that the int8-activation and GEMV kernels write y
+        into (a reused buffer, plugins/cpu/workspace.py); the other paths return a new tensor instead, so
+        the caller uses what is returned."""
         if self.perm is not None:
             x = x.index_select(-1, self.perm)
         if self.c_kernels and ql.kernel_ok(x, self.in_features, self.group or 8):
-            y = self._kernel(x)
+            y = self._kernel(x, out)
             if self.zeros is not None:  # quant_linear.c's helper, as the CPU decode plan calls it
                 ql.zero_point_correction_into(y.view(-1, self.out_features), x.reshape(-1, self.in_features),
                                               self.zero_scales_t())
             return y
         return F.linear(x, self.dequantized(x.dtype), self.bias)  # the reference
 
-    def _kernel(self, x: torch.Tensor) -> torch.Tensor:
+    def _kernel(self, x: torch.Tensor, out: torch.Tensor | None = None) -> torch.Tensor:
         """x · (q · scale)ᵀ + bias by the C kernels (zero points are not theirs: `forward` adds them)."""
         if self.vnni is not None:
-            return ql.gemm_int8_vnni(x, *self.vnni, self.scales, self.bias, self.out_features)
+            return ql.gemm_int8_vnni(x, *self.vnni, self.scales, self.bias, self.out_features, out=out)
         rows = x.numel() // self.in_features
         if rows <= GEMV_MAX_ROWS or self.a8:
             return ql.gemv(x, self.qweight, self.scales, self.bias, self.scheme, self.group,
-                           "int8" if self.a8 else "float")
+                           "int8" if self.a8 else "float", out=out)
         if self.gemv_only:
             flat = x.reshape(rows, self.in_features)
             return torch.cat([ql.gemv(flat[i:i + GEMV_MAX_ROWS], self.qweight, self.scales, self.bias,

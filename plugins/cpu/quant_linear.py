@@ -216,14 +216,26 @@ def gemv_function(scheme: str, a8: bool) -> object:
     return getattr(LIBRARY.lib, f"trtforge_gemv_{scheme[:4]}{'_a8' if a8 else ''}")
 
 
+def _output(x: torch.Tensor, n: int, out: torch.Tensor | None) -> torch.Tensor:
+    """The kernels' y [..., n]: `out` checked (the C code writes it blindly) or a new tensor."""
+    shape = (*x.shape[:-1], n)
+    if out is None:
+        return x.new_empty(shape)
+    if out.shape != shape or out.dtype != torch.float32 or not out.is_contiguous() or out.device != x.device:
+        raise ValueError(f"out must be a contiguous float32 tensor of shape {list(shape)} on {x.device}, "
+                         f"got {out.dtype} {list(out.shape)}")
+    return out
+
+
 def gemv(x: torch.Tensor, qweight: torch.Tensor, scales: torch.Tensor, bias: torch.Tensor | None,
-         scheme: str, group: int, activations: str | None = None) -> torch.Tensor:
+         scheme: str, group: int, activations: str | None = None, out: torch.Tensor | None = None) -> torch.Tensor:
     """y = x W^T + b through the C kernel; x float32 contiguous [..., K] (kernel_ok). activations:
     "int8" (quantised per block of 32: `gemv_a8_reference`; needs a8_ok's shapes), "float"
-    (dequantize(W) exactly, up to summation order), None: int8 where `a8_ok` (the shape allows), else float."""
+    (dequantize(W) exactly, up to summation order), None: int8 where `a8_ok` (the shape allows), else float.
+    out: a contiguous float32 tensor of y's shape to write y into (a reused buffer, plugins/cpu/workspace.py)."""
     k = x.shape[-1]
     rows, n = x.numel() // k, scales.shape[0]
-    y = x.new_empty((*x.shape[:-1], n))
+    y = _output(x, n, out)
     lib = LIBRARY.lib
     args = (x.data_ptr(), rows, qweight.data_ptr(), scales.data_ptr(),
             None if bias is None else bias.data_ptr(), y.data_ptr(), n, k)
@@ -282,12 +294,13 @@ def pack_int8_vnni(qweight: torch.Tensor, lib: ctypes.CDLL | None = None) -> tup
 
 
 def gemm_int8_vnni(x: torch.Tensor, packed: torch.Tensor, wsum: torch.Tensor, scales: torch.Tensor,
-                   bias: torch.Tensor | None, out_features: int, lib: ctypes.CDLL | None = None) -> torch.Tensor:
+                   bias: torch.Tensor | None, out_features: int, lib: ctypes.CDLL | None = None,
+                   out: torch.Tensor | None = None) -> torch.Tensor:
     """y = x W^T + b with x quantised per block of 32 (`gemv_a8_reference`'s arithmetic) on the VNNI
-    kernel; x float32 contiguous [..., K] (`kernel_ok`, K a multiple of 32)."""
+    kernel; x float32 contiguous [..., K] (`kernel_ok`, K a multiple of 32); out as `gemv`'s."""
     lib = lib or LIBRARY.lib
     k = x.shape[-1]
-    y = x.new_empty((*x.shape[:-1], out_features))
+    y = _output(x, out_features, out)
     rc = lib.trtforge_gemm_int8_vnni(x.data_ptr(), x.numel() // k, packed.data_ptr(), wsum.data_ptr(),  # type: ignore[union-attr]
                                      scales.data_ptr(), None if bias is None else bias.data_ptr(), y.data_ptr(),
                                      out_features, k, torch.get_num_threads())

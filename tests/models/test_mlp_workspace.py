@@ -4,6 +4,7 @@ call, and nothing the MLP returns aliases them."""
 
 from __future__ import annotations
 
+import dataclasses
 import threading
 
 import torch
@@ -11,7 +12,7 @@ import torch
 from trtforge.models.layers import Layers
 from trtforge.models.mlp import MLP
 from trtforge.models.model_config import ModelConfig
-from trtforge.plugins.cpu import workspace
+from trtforge.plugins.cpu import quant_linear as ql, workspace
 
 
 def _cfg() -> ModelConfig:
@@ -84,3 +85,41 @@ def test_autograd_and_tracing_bypass_the_workspace():
     x = torch.randn(5, 48, requires_grad=True)
     torch.testing.assert_close(fast(x), ref(x), atol=2e-6, rtol=1e-5)
     assert _buffers() == {}
+
+
+def test_quantized_mlp_writes_gate_up_into_the_workspace():
+    """An int8_wo engine's MLP (int8-activation C kernels, VNNI-packed where the CPU has it) writes its
+    gate/up product into the workspace too: equal to the same layers on the reference path, buffers
+    reused, outputs fresh."""
+    cfg = dataclasses.replace(_cfg(), hidden_size=64, intermediate_size=96, head_dim=16)
+    engine = _Engine(cfg)
+    engine.quantization = {"scheme": "int8_wo"}
+    fast, ref = MLP(cfg, Layers.for_engine(engine, "cpu", "auto")), MLP(cfg, Layers.for_engine(engine, "cpu"))
+    torch.manual_seed(0)
+    state = {k: (torch.randint(-127, 128, v.shape, dtype=torch.int8) if v.dtype == torch.int8
+                 else torch.rand(v.shape) * 0.01 + 0.001) for k, v in ref.state_dict().items()}
+    ref.load_state_dict(state)
+    fast.load_state_dict(state)
+    for module in fast.modules():
+        if hasattr(module, "pack_weights"):
+            module.pack_weights()
+    assert fast.reuse_gate_up and fast.gate_up.c_kernels and fast.gate_up.a8, "int8-activation C kernels"
+    workspace.clear()
+    # rows quantised per block of 32 on both sides: the reference's arithmetic is gemv_a8_reference's
+    xs = [torch.randn(rows, 64, generator=torch.Generator().manual_seed(rows)) for rows in (70, 3, 70)]
+    with torch.inference_mode():
+        outs = [fast(x) for x in xs]
+        buffers = {k: v.data_ptr() for k, v in _buffers().items()}
+        again = fast(xs[0])
+    assert {k[0] for k in buffers} == {"mlp.gate_up", "mlp.act"}
+    assert {k: v.data_ptr() for k, v in _buffers().items()} == buffers, "the same buffers on the next call"
+    assert not any(o.data_ptr() in set(buffers.values()) for o in outs)
+    torch.testing.assert_close(again, outs[0], atol=0, rtol=0)
+    def a8(layer, x):  # the int8-activation kernels' arithmetic (float64 reference), on ref's codes
+        return ql.gemv_a8_reference(x, layer.qweight, layer.scales, layer.bias, "int8_wo", 0)[0].float()
+
+    with torch.inference_mode():
+        for x, got in zip(xs, outs):
+            gate, up = a8(ref.gate_up, x).chunk(2, dim=-1)
+            want = a8(ref.down, torch.nn.functional.silu(gate) * up)
+            torch.testing.assert_close(got, want, atol=1e-4, rtol=1e-4)
