@@ -2,7 +2,7 @@
 
 `trtforge serve REPO --openai-port PORT` starts it beside tritonserver. It forwards every request
 to the repository's `ensemble` model over Triton's gRPC streaming API, so it works with any
-repository `trtforge emit-repo` writes:
+repository `trtforge emit-repo` writes (TensorRT-LLM's for a `--backend trtllm` engine too):
 
 * schemas.py, responses.py   typed request/response models (the OpenAPI schema comes from them);
   tool_schemas.py            tools, tool_choice, and the grammar that enforces a required/named call;
@@ -12,6 +12,8 @@ repository `trtforge emit-repo` writes:
 * served_model.py            what is served: name, engine dir, tokenizer (chat template), limits
 * triton_bridge.py           one Triton request per API request, cancellable
 * generation.py              API request -> ensemble inputs; usage and finish reason from outputs
+* trtllm_interface.py        a `--backend trtllm` repository: its TensorRT-LLM release's interface
+  trtllm_requests.py         API request -> that release's inputs (400 for what it lacks); stop cut
 * streaming.py               SSE framing; a client that leaves cancels its Triton request
 * samples.py                 the `n` choices of a request: n engine requests sharing the prompt's KV
 * endpoints.py               /v1/completions (and what chat shares), /tokenize, /detokenize

@@ -10,12 +10,11 @@ that made calls and ended on its own finishes with "tool_calls".
 
 from __future__ import annotations
 
-import json
-
 from fastapi import Request, Response
 
 from trtforge.frontend.endpoints import (
     Answer,
+    chat_prompt_texts,
     check_model,
     check_prompt_size,
     collect,
@@ -46,14 +45,6 @@ from trtforge.frontend.tool_stream import ToolCallStream, Update
 from trtforge.frontend.triton_bridge import Piece
 
 
-def _prompt_texts(body: ChatCompletionRequest) -> list[str]:
-    """What the size cap counts: the messages' texts and names, their calls, the tools."""
-    texts = [part for m in body.messages for part in (m.text(), m.name or "")]
-    texts += [c.function.name + c.function.arguments for m in body.messages for c in m.tool_calls or []]
-    texts += [json.dumps(t.model_dump(exclude_none=True)) for t in body.tools or []]
-    return texts
-
-
 def _finish(tally: Tally, calls: ToolCallStream | None) -> FinishReason:
     """The engine's reason, or "tool_calls" for a choice that made calls and ended on its own."""
     reason = tally.finish_reason()
@@ -63,7 +54,7 @@ def _finish(tally: Tally, calls: ToolCallStream | None) -> FinishReason:
 async def create_chat_completion(body: ChatCompletionRequest, request: Request) -> Response | ChatCompletion:
     """POST /v1/chat/completions."""
     served = check_model(request, body.model)
-    check_prompt_size(request, _prompt_texts(body), body, "messages")
+    check_prompt_size(request, chat_prompt_texts(body.messages, body.tools), body, "messages")
     if body.tools:
         await offload(request, check_schemas, body.tools)
     tools = body.offered_tools()

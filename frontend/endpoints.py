@@ -17,11 +17,13 @@ from __future__ import annotations
 import asyncio
 import contextvars
 import functools
+import json
 import time
 import uuid
 from dataclasses import dataclass
 from typing import Any, AsyncIterator, Callable, Sequence, TypeVar
 
+import numpy as np
 from fastapi import Request, Response
 
 from trtforge.frontend.errors import INTERNAL_ERROR, REQUEST_ID, APIError, bad_request, log, model_not_found
@@ -36,11 +38,13 @@ from trtforge.frontend.generation import (
 from trtforge.frontend.guard import TENANT_SALT, Limits, request_cache_salt
 from trtforge.frontend.responses import Completion, CompletionChoice, DetokenizeResponse, TokenizeResponse
 from trtforge.frontend.samples import Sample, Samples, choice_seed
-from trtforge.frontend.schemas import CompletionRequest, SamplingFields
+from trtforge.frontend.schemas import ChatMessage, CompletionRequest, SamplingFields
 from trtforge.frontend.served_model import ServedModel
 from trtforge.frontend.streaming import DONE, ClientGone, SSEResponse, sse, sse_error, unless_disconnected
 from trtforge.frontend.tokenize_schemas import DetokenizeRequest, TokenizeRequest
+from trtforge.frontend.tool_schemas import Tool, check_schemas
 from trtforge.frontend.triton_bridge import Piece, TritonBridge
+from trtforge.frontend.trtllm_requests import stop_trimmed, trtllm_inputs
 
 COMPLETIONS_DEFAULT_MAX_TOKENS = 16  # OpenAI's default for the legacy completions API
 
@@ -64,9 +68,22 @@ def start_answer(request: Request, body: SamplingFields, prompt: str, max_tokens
     served: ServedModel = request.app.state.served
     bridge: TritonBridge = request.app.state.bridge
     salt = request_cache_salt(request.scope.get(TENANT_SALT), body.cache_salt)
-    samples = Samples(body.num_choices(), lambda: Tally(served, prompt, max_tokens), bridge.generate,
-                      lambda i: ensemble_inputs(body, prompt, max_tokens, salt, seed=choice_seed(body.seed, i),
-                                                keep_special_tokens=keep_special_tokens))
+    iface = served.trtllm
+
+    def inputs(i: int) -> dict[str, np.ndarray]:
+        if iface is not None:  # TensorRT-LLM's ensemble; its postprocessing decides special tokens
+            return trtllm_inputs(iface, body, prompt, max_tokens, salt, seed=choice_seed(body.seed, i))
+        return ensemble_inputs(body, prompt, max_tokens, salt, seed=choice_seed(body.seed, i),
+                               keep_special_tokens=keep_special_tokens)
+
+    stops = body.stop_list()
+
+    def generate(arrays: dict[str, np.ndarray]) -> AsyncIterator[Piece]:
+        if iface is not None and stops:  # TensorRT-LLM keeps the stop string in its output
+            return stop_trimmed(bridge.generate(arrays), stops)
+        return bridge.generate(arrays)
+
+    samples = Samples(body.num_choices(), lambda: Tally(served, prompt, max_tokens), generate, inputs)
     return Answer(id=f"{prefix}-{uuid.uuid4().hex}", created=int(time.time()), model=served.name, samples=samples)
 
 
@@ -88,6 +105,13 @@ def check_prompt_size(request: Request, texts: list[str], body: SamplingFields |
             f"The {param} and stop strings hold {chars} characters; this server takes at most "
             f"{limits.max_prompt_chars} (`trtforge serve --max-prompt-chars`).", param=param,
             code="prompt_too_long")
+
+
+def chat_prompt_texts(messages: list[ChatMessage], tools: list[Tool] | None) -> list[str]:
+    """What the size cap counts of a conversation: the messages' texts and names, their calls, the tools."""
+    texts = [part for m in messages for part in (m.text(), m.name or "")]
+    texts += [c.function.name + c.function.arguments for m in messages for c in m.tool_calls or []]
+    return texts + [json.dumps(t.model_dump(exclude_none=True)) for t in tools or []]
 
 
 async def offload(request: Request, fn: Callable[..., T], *args: Any) -> T:
@@ -220,9 +244,11 @@ async def tokenize(body: TokenizeRequest, request: Request) -> TokenizeResponse:
     """POST /tokenize (vLLM's): the token ids of a prompt, or of chat messages through the template."""
     served = check_model(request, body.model)
     if body.messages is not None:
-        check_prompt_size(request, [part for m in body.messages for part in (m.text(), m.name or "")],
-                           body, "messages")
-        text = await offload(request, served.chat_prompt, body.messages)
+        check_prompt_size(request, chat_prompt_texts(body.messages, body.tools), body, "messages")
+        if body.tools:
+            await offload(request, check_schemas, body.tools)
+        # The same prompt as a chat completion with these messages and tools (tool_choice auto).
+        text = await offload(request, served.chat_prompt, body.messages, body.tools or None)
     else:
         check_prompt_size(request, [body.prompt or ""], body, "prompt")
         text = body.prompt or ""

@@ -100,11 +100,18 @@ class Tally:
     prompt_logprobs: list[PromptEntry] | None = None
     """The prompt's log-probabilities (prompt_logprobs, echo with logprobs), from the response
     that carried them."""
+    output_tokens: int = 0
+    """A TensorRT-LLM ensemble's tokens so far: it counts per response, not on the last one."""
+    input_tokens: int | None = None
+    """A TensorRT-LLM ensemble's num_input_tokens, where its release reports it."""
 
     def add(self, piece: Piece) -> list[str]:
         """Record a response; returns the token texts it added."""
         if piece.prompt_logprobs is not None:
             self.prompt_logprobs = piece.prompt_logprobs
+        if self.served.trtllm is not None:  # per response: its num_output_tokens, or one logprob a token
+            self.output_tokens += len(piece.logprobs) if piece.num_output_tokens is None else piece.num_output_tokens
+            self.input_tokens = piece.num_input_tokens if piece.num_input_tokens is not None else self.input_tokens
         texts = [piece.text if i == 0 else "" for i in range(len(piece.logprobs))]
         self.text += piece.text
         self.token_texts += texts
@@ -115,6 +122,8 @@ class Tally:
         return texts
 
     def _ending(self) -> Piece:
+        if self.served.trtllm is not None:
+            return self._trtllm_ending()
         last = self.last
         if last is None or last.finish_reason is None or last.num_output_tokens is None \
                 or last.num_input_tokens is None:
@@ -124,6 +133,22 @@ class Tally:
                                "num_output_tokens outputs: the repository's models are older than this "
                                "front end (re-emit it with `trtforge emit-repo`)")
         return last
+
+    def _trtllm_ending(self) -> Piece:
+        """What TensorRT-LLM's ensemble does not say, derived: the tokens summed over the responses,
+        the prompt's tokens as its preprocessing counts them (the engine's tokenizer, no special
+        tokens added: served.count_tokens) where the release does not report them, and the finish
+        reason: "stop" with the stop string the text was cut at (trtllm_requests.stop_trimmed),
+        else "length" when max_tokens tokens came, else "stop" (the end token: stop_reason null,
+        no release says which token ended a request)."""
+        if self.last is None:
+            raise server_error("the TensorRT-LLM ensemble ended the request without a final response")
+        prompt = self.input_tokens if self.input_tokens is not None else self.served.count_tokens(self.prompt)
+        self.input_tokens = prompt
+        stop = self.last.stop_reason  # the stop string trtllm_requests.stop_trimmed cut the text at
+        reason = "length" if stop is None and self.output_tokens >= self.max_tokens else "stop"
+        return Piece(text="", logprobs=[], final=True, num_input_tokens=prompt,
+                     num_output_tokens=self.output_tokens, finish_reason=reason, stop_reason=stop)
 
     def usage(self) -> Usage:
         last = self._ending()

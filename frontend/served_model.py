@@ -7,6 +7,10 @@ the engine directory (`trtforge serve --served-engine-dir`). The engine director
 (chat templates, /tokenize, the text of top_logprobs alternatives) and engine.json (max_seq_len:
 the most prompt + output tokens of a request). The model id clients use is the engine directory's
 name unless the operator chooses one.
+
+A `--backend trtllm` repository (TensorRT-LLM's: its `ensemble` is a Triton ensemble) names the
+engine directory as preprocessing's `tokenizer_dir`; which release's interface it has is read
+from its ensemble's inputs (trtllm_interface.py).
 """
 
 from __future__ import annotations
@@ -28,6 +32,12 @@ from trtforge.frontend.tool_parsers import (
 )
 from trtforge.frontend.tool_prompt import conversation, template_source, template_takes_tools
 from trtforge.frontend.tool_schemas import Tool
+from trtforge.frontend.trtllm_interface import (
+    TrtllmInterface,
+    engine_dir_of_trtllm,
+    is_trtllm_repo,
+    load_interface,
+)
 from trtforge.model_repo.interface import ENSEMBLE
 from trtforge.model_repo.params import ENGINE_DIR
 from trtforge.model_repo.pbtxt import parameters_of, read_config
@@ -51,6 +61,9 @@ class ServedModel:
     tool_call_parser: str | None = None
     """How tool calls are read from the output (tool_parsers.TOOL_CALL_PARSERS); None: the one the
     chat template's own format calls for (tool_parsers.parser_for_template)."""
+    trtllm: TrtllmInterface | None = None
+    """The repository is TensorRT-LLM's (`--backend trtllm`): its ensemble's interface at the
+    recorded release it was written for (trtllm_interface.py); None: trtforge's own ensemble."""
     created: int = field(default_factory=lambda: int(time.time()))
     _token_texts: dict[int, str] = field(default_factory=dict, repr=False, compare=False)
 
@@ -167,6 +180,8 @@ def engine_dir_of(repo: str | os.PathLike) -> Path:
     if not config_path.is_file():
         raise FileNotFoundError(f"{repo} has no {ENSEMBLE}/config.pbtxt; write the repository "
                                 "with `trtforge emit-repo ENGINE_DIR REPO_DIR`.")
+    if is_trtllm_repo(repo):
+        return engine_dir_of_trtllm(repo)
     own = _engine_dir_param(config_path)
     if own is not None:
         return own
@@ -209,4 +224,5 @@ def load_served_model(repo: str | os.PathLike, name: str | None = None,
         tokenizer=load_tokenizer(engine_dir),
         max_seq_len=engine.max_seq_len,
         tool_call_parser=tool_call_parser,
+        trtllm=load_interface(repo) if is_trtllm_repo(repo) else None,
     )

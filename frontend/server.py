@@ -32,6 +32,7 @@ from trtforge.frontend.responses import (
     TokenizeResponse,
 )
 from trtforge.frontend.served_model import ServedModel
+from trtforge.frontend.service import check_limits
 from trtforge.frontend.triton_bridge import TritonBridge
 
 _ERRORS = {status: {"model": ErrorResponse, "description": why} for status, why in (
@@ -46,6 +47,7 @@ def create_app(served: ServedModel, triton_grpc_url: str, limits: Limits | None 
     """The API for `served`, forwarding to the tritonserver at `triton_grpc_url` (host:port);
     `limits` (guard.Limits: API key, size caps) default to no key and caps sized for the engine."""
     limits = (limits or Limits()).resolved(served.max_seq_len)
+    check_limits(served, limits)
 
     @contextlib.asynccontextmanager
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:

@@ -43,6 +43,14 @@ def _log_to_stderr() -> None:
         logger.setLevel(logging.INFO)
 
 
+def check_limits(served: ServedModel, limits: Limits) -> None:
+    """ValueError for options the served repository cannot honour (before Triton starts)."""
+    if served.trtllm is not None and limits.api_key_cache_salt:
+        raise ValueError(f"--api-key-cache-salt gives each API key its own prefix-cache salt, but "
+                         f"{served.trtllm.label} has no cache_salt input (every request would be refused); "
+                         "serve this repository without it.")
+
+
 class OpenAIFrontend:
     """Off unless a port is given; `prepare()` before Triton starts (a repository it cannot serve
     fails first), `start()` once Triton is ready, `stop()` before Triton stops."""
@@ -64,6 +72,7 @@ class OpenAIFrontend:
     def prepare(self) -> None:
         if self.port is not None:
             self.served = load_served_model(self.repo, self.name, self.engine_dir, self.tool_call_parser)
+            check_limits(self.served, self.limits)
 
     def start(self, triton_grpc_url: str) -> str | None:
         """Start serving; returns the lines to print (None when off)."""

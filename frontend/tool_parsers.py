@@ -5,7 +5,8 @@
 * `llama3_json`: `{"name": ..., "parameters": {...}}` as the whole answer, optionally after
   `<|python_tag|>`, several joined by `;` (Llama 3.1 / 3.2 / 3.3);
 * `mistral`: `[TOOL_CALLS][{"name": ..., "arguments": {...}}, ...]` after optional text (Mistral,
-  Mixtral with v3 tokenizers).
+  Mixtral with v3 tokenizers), or, from v11 tokenizers on (Mistral Small 3.2, Devstral, ...),
+  `[TOOL_CALLS]name[ARGS]{...}` once per call; the text after the marker says which.
 
 `forced` is not a model's format but the grammar's (tool_schemas.forced_guide): with
 `tool_choice` required or named the engine can only write a call object `{"name": ...,
@@ -163,12 +164,69 @@ def parse_llama3_json(text: str, final: bool) -> Parsed:
 
 
 MISTRAL_MARKER = "[TOOL_CALLS]"
+MISTRAL_ARGS = "[ARGS]"
+
+
+def _v11_call(text: str, i: int, final: bool) -> tuple[ParsedCall | None, int | None]:
+    """The v11 call `name[ARGS]{...}` (or `name{...}`, as a decoder that drops [ARGS] writes it)
+    starting at text[i], just past its [TOOL_CALLS]: (the call, None until its name is complete;
+    the index past its arguments, None while they are open)."""
+    brace, args = text.find("{", i), text.find(MISTRAL_ARGS, i)
+    if args >= 0 and (brace < 0 or args < brace):
+        name, j = text[i:args], skip_ws(text, args + len(MISTRAL_ARGS))
+    elif brace >= 0:
+        name, j = text[i:brace], brace
+    else:
+        return None, None  # the name may go on (or be cut short: no call)
+    name = name.strip()
+    if not name:
+        return None, None
+    if j < len(text) and text[j] == "{":
+        _, end = object_members(text, j)
+        if end is not None:
+            return ParsedCall(name, text[j:end], True), end
+        return ParsedCall(name, text[j:], False), None
+    return _v11_other_arguments(text, name, j, final)
+
+
+def _v11_other_arguments(text: str, name: str, j: int, final: bool) -> tuple[ParsedCall, int | None]:
+    """Arguments that are not an object: whatever the model wrote up to the next call (or the end),
+    sent once it is known where they end."""
+    rest = text[j:]
+    cut = rest.find(MISTRAL_MARKER)
+    if cut >= 0:
+        return ParsedCall(name, rest[:cut].strip() or "{}", True), j + cut
+    if not final:
+        return ParsedCall(name, "", False), None
+    return ParsedCall(name, rest.strip() or "{}", True), len(text)
+
+
+def _parse_mistral_v11(text: str, content: str, at: int, final: bool) -> Parsed:
+    """`content[TOOL_CALLS]name1[ARGS]{args1}[TOOL_CALLS]name2[ARGS]{args2}` (v11 tokenizers), `at`
+    the first marker."""
+    calls: list[ParsedCall | None] = []
+    while at >= 0:
+        call, end = _v11_call(text, at + len(MISTRAL_MARKER), final)
+        calls.append(call)
+        if end is None:
+            break
+        at = text.find(MISTRAL_MARKER, end)
+    named = _named(calls)
+    if final and not named:
+        return Parsed(text)
+    return Parsed(content, named)
 
 
 def parse_mistral(text: str, final: bool) -> Parsed:
+    """Both Mistral formats, told apart by what follows the marker: a JSON array or object (pre-v11
+    tokenizers) or a function name (v11 and later)."""
     marker = text.find(MISTRAL_MARKER)
     if marker >= 0:
         content, j = text[:marker], skip_ws(text, marker + len(MISTRAL_MARKER))
+        if j >= len(text):
+            return Parsed(text if final else content)
+        if text[j] not in "[{":
+            return _parse_mistral_v11(text, content, marker, final)
     else:
         # The marker is a special token: the front end asks for it to be kept
         # (skip_special_tokens=false, ServedModel.keeps_special_tokens); an answer that is a JSON
