@@ -319,6 +319,25 @@ def test_native_decode_long_and_short_contexts():
     torch.testing.assert_close(cpu_native.decode(*case.op_args()[:7], case.scale), expected, **FP32_TOL)
 
 
+@pytest.mark.parametrize("threads", [1, 2, 3])
+@pytest.mark.parametrize("num_seqs", [2, 5, 13])
+@pytest.mark.usefixtures("each_isa")
+def test_native_decode_work_items_of_pairs_and_of_whole_sequences(threads, num_seqs):
+    """Few sequences: (sequence, KV head) pairs are the threads' work items; at least 4 sequences per
+    thread: a sequence with all its KV heads (3 here, so a sequence's heads are not a pair). Both ways
+    every output lands where the reference puts it."""
+    seqs = [(5 + 37 * i % 90, 1) for i in range(num_seqs)]
+    case = make_case(seqs, block_size=16, num_heads=6, num_kv_heads=3, head_dim=64, seed=num_seqs)
+    expected = reference.paged_attention(*case.clone().op_args())
+    before = torch.get_num_threads()
+    torch.set_num_threads(threads)
+    try:
+        got = cpu_native.decode(*case.op_args()[:7], case.scale)
+    finally:
+        torch.set_num_threads(before)
+    torch.testing.assert_close(got, expected, **FP32_TOL)
+
+
 @pytest.mark.usefixtures("each_isa")
 def test_native_decode_propagates_nan_to_its_head_only():
     """IEEE semantics: a NaN in one query head makes that head's output NaN (as the reference's)
