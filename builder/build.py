@@ -6,6 +6,7 @@ end, so a failed build leaves nothing behind and a reader never sees a half-writ
 
 from __future__ import annotations
 
+import dataclasses
 import os
 import resource
 import shutil
@@ -102,7 +103,8 @@ def build_engine(checkpoint: str, output: str | Path, build: BuildConfig, force:
                            versions={"trtforge": trtforge_version(), "torch": torch.__version__,
                                      "transformers": _transformers_version(), "tensorrt": None},
                            tp_size=build.tp_size,
-                           tensor_parallel=mapping(model, build.tp_size) if build.tp_size > 1 else None)
+                           tensor_parallel=mapping(model, build.tp_size) if build.tp_size > 1 else None,
+                           speculative_config=_speculative_default(build))
         if on_tmp_dir is not None:
             on_tmp_dir(tmp, cfg)
         _finish_report(report, start)
@@ -116,6 +118,12 @@ def build_engine(checkpoint: str, output: str | Path, build: BuildConfig, force:
         shutil.rmtree(tmp, ignore_errors=True)
         raise
     return output, cfg
+
+
+def _speculative_default(build: BuildConfig) -> dict[str, Any] | None:
+    """engine.json's `speculative_config`: the engine's default speculation (None: none)."""
+    spec = build.speculative()
+    return None if spec is None else dataclasses.asdict(spec)
 
 
 def _quantization(build: BuildConfig, model: ModelConfig) -> dict[str, Any] | None:

@@ -5,6 +5,7 @@ from __future__ import annotations
 from dataclasses import asdict, dataclass
 
 from trtforge.config.fields import parse_bytes
+from trtforge.config.speculative import NO_SPECULATION, SpeculativeConfig, unsupported
 from trtforge.models.errors import BuildError
 
 BACKENDS = ("torch", "tensorrt", "trtllm")  # the ones that exist; `build-engine --backend` offers exactly these
@@ -63,12 +64,35 @@ class BuildConfig:
     tp_size: int = 1
     """Tensor-parallel ranks: rank{r}.safetensors per rank, Megatron-style splits, run on torch.distributed
     (docs/scale-out.md). Torch backend, unquantized only."""
+    speculative_config: str | None = None
+    """The engine's default speculative decoding, vLLM's JSON object, e.g. '{"method": "ngram",
+    "num_speculative_tokens": 4, "prompt_lookup_max": 4, "prompt_lookup_min": 2}': checked now and recorded in
+    engine.json, so `trtforge generate` and the Triton model speculate unless told otherwise
+    (docs/speculative-decoding.md). None or none: no default. Torch backend, tp 1."""
 
     def to_dict(self) -> dict:
         d = asdict(self)
         if d["tp_size"] == 1:  # engine.json of a single-rank engine stays as it was before tensor parallelism
             del d["tp_size"]
+        del d["speculative_config"]  # engine.json records it on its own (EngineConfig.speculative_config)
         return d
+
+    def speculative(self) -> SpeculativeConfig | None:
+        """--speculative-config checked on its own and against the backend and tp size (before any model is
+        read); None when no default is asked for. BuildError says what is wrong."""
+        text = self.speculative_config
+        if text is None or text.strip().lower() == NO_SPECULATION:
+            return None
+        try:
+            spec = SpeculativeConfig.parse(text)
+        except ValueError as exc:
+            raise BuildError(f"--speculative-config: {exc}") from None
+        why = None if spec is None else unsupported(self.backend, self.tp_size)
+        if why is not None:
+            raise BuildError(f"--speculative-config ({spec.method}): speculative decoding is not supported with "
+                             f"{why}. Build without --speculative-config"
+                             f"{' or with --backend torch' if self.backend != 'torch' else ''}.")
+        return spec
 
     @property
     def kv_cache_bytes(self) -> int:
@@ -89,6 +113,7 @@ class BuildConfig:
         self.check_quantization_options()
         self.check_tp_options()
         self.check_kv_cache_dtype()
+        self.speculative()
         if self.allow_pickle:  # before any file is read; checkpoint.py checks again where it unpickles
             import torch
 

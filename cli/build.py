@@ -83,6 +83,7 @@ def build_engine(checkpoint: str, output: str | None, force: bool, triton_repo: 
         build.check_quantization_options()  # before a backend hook looks for TensorRT
         build.check_kv_cache_dtype()
         build.check_tp_options()
+        build.speculative()  # a bad --speculative-config fails here, before any work
         scheduling = _validated_schedule(parse_schedule(schedule), build)
         if _check_trtllm_repo(trtllm_repo, build, output, force, triton_repo, disaggregated):
             _emit_llmapi(checkpoint, triton_repo, build, scheduling)

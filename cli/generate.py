@@ -1,5 +1,7 @@
 """`trtforge generate`: run prompts through an engine with in-flight batching (greedy by default),
-optionally with speculative decoding (--speculative-config, docs/speculative-decoding.md)."""
+with speculative decoding when the engine was built with a default (engine.json) or
+--speculative-config asks for it (`--speculative-config none` turns a default off;
+docs/speculative-decoding.md)."""
 
 from __future__ import annotations
 
@@ -113,7 +115,7 @@ def generate(engine_dir: str, prompts: tuple[str, ...], prompts_file: str | None
         if as_json:
             record = {"index": i, "output_ids": out.output_token_ids, "text": out.text,
                       "finish_reason": out.finish_reason}
-            if runtime.speculative_config is not None:  # speculative decoding: the request's acceptance
+            if engine.spec is not None:  # speculative decoding (flag or engine.json): the request's acceptance
                 record.update(num_draft_tokens=out.num_draft_tokens, num_accepted_tokens=out.num_accepted_tokens)
             click.echo(json.dumps(record, ensure_ascii=False))
         else:

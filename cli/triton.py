@@ -92,6 +92,10 @@ batches as model.yaml says)."""
               help="Memory for the paged KV cache, e.g. 512MiB (default: engine.json's budget).")
 @click.option("--kv-events-endpoint", default=AdapterOptions.kv_events_endpoint,
               help=field_docs(AdapterOptions)["kv_events_endpoint"])
+@click.option("--speculative-config", default=None, metavar="JSON",
+              help="The engine model's speculative_config parameter: "
+                   + RuntimeConfig.field_docs()["speculative_config"]
+                   + " Not for --backend trtllm engines, --trtllm-repo llmapi, --disaggregated or a router.")
 @click.option("--trtllm-models-dir", type=click.Path(exists=True, file_okay=False), default=None,
               help="--backend trtllm engines: TensorRT-LLM's all_models/inflight_batcher_llm to copy "
                    "the python models' model.py from (default: the NGC image's /app/all_models/"
@@ -127,7 +131,8 @@ batches as model.yaml says)."""
 @_phase_options
 def emit_repo_command(engine_dir: str, repo_dir: str, device: str,
                       triton_max_batch_size: int | None, exclude_input_in_output: bool,
-                      kv_cache_memory: str | None, kv_events_endpoint: str, trtllm_models_dir: str | None,
+                      kv_cache_memory: str | None, kv_events_endpoint: str, speculative_config: str | None,
+                      trtllm_models_dir: str | None,
                       disaggregated: bool, only: str | None, context_urls: tuple[str, ...],
                       generation_urls: tuple[str, ...], worker_urls: tuple[str, ...],
                       router_policy: str | None, router_max_imbalance: int | None, trtllm_repo: str | None,
@@ -176,7 +181,7 @@ def emit_repo_command(engine_dir: str, repo_dir: str, device: str,
                          kv_cache_memory=kv_cache_memory, kv_events_endpoint=kv_events_endpoint,
                          trtllm_models_dir=TrtllmOptions(trtllm_models_dir, trtllm_repo or TrtllmOptions.repo,
                                                          trtllm_version, allow_trtllm_drift),
-                         disaggregated=layout, **scheduler)
+                         disaggregated=layout, speculative_config=speculative_config, **scheduler)
     except TrtllmDrift as exc:
         raise click.ClickException(f"{exc}\nOn the command line: --allow-trtllm-drift.") from None
     except (ValueError, FileNotFoundError, EngineLoadError, BuildError) as exc:

@@ -16,7 +16,7 @@ from typing import Any, ClassVar, get_type_hints
 from urllib.parse import urlsplit
 
 from trtforge.config.fields import field_docs, parse_bytes, parse_text
-from trtforge.config.speculative import SpeculativeConfig
+from trtforge.config.speculative import NO_SPECULATION, SpeculativeConfig
 
 
 class Phase(str, enum.Enum):
@@ -125,7 +125,9 @@ class RuntimeConfig:
     speculative_config: SpeculativeConfig | str | None = None
     """Speculative decoding, vLLM's JSON object, e.g. {"method": "ngram", "num_speculative_tokens":
     4, "prompt_lookup_max": 4, "prompt_lookup_min": 2} (docs/speculative-decoding.md; read into a
-    SpeculativeConfig). None: one token per decode step."""
+    SpeculativeConfig). Not given (None, or empty): the engine's default, the config `build-engine
+    --speculative-config` recorded in engine.json (none recorded: one token per decode step);
+    none (or null): no speculation, whatever engine.json says."""
 
     CHOICES: ClassVar[dict[str, tuple[str, ...]]] = {"phase": tuple(p.value for p in Phase)}
 
@@ -141,7 +143,10 @@ class RuntimeConfig:
             parse_listen_address(self.kv_connector)  # ValueError naming a bad address
         if self.kv_peers:
             parse_peers(self.kv_peers)
-        object.__setattr__(self, "speculative_config", SpeculativeConfig.parse(self.speculative_config))
+        spec = self.speculative_config
+        if not (isinstance(spec, str) and spec.strip().lower() in (NO_SPECULATION, "null")):
+            spec = SpeculativeConfig.parse(spec)  # ValueError naming a bad field
+        object.__setattr__(self, "speculative_config", NO_SPECULATION if isinstance(spec, str) else spec)
         if not self.handoff_timeout_s > 0:
             raise ValueError(f"handoff_timeout_s={self.handoff_timeout_s} is invalid: must be > 0")
 
@@ -163,8 +168,22 @@ class RuntimeConfig:
         for name, text in values.items():
             if text == "":
                 continue
-            typed[name] = parse_text(name, text, hints[name]) if name != "phase" else text
+            raw = name in ("phase", "speculative_config")  # read by __post_init__ ("none" is not None there)
+            typed[name] = text if raw else parse_text(name, text, hints[name])
         return cls(**typed)
+
+    def speculation(self, engine_default: SpeculativeConfig | dict[str, Any] | str | None = None,
+                    ) -> SpeculativeConfig | None:
+        """The speculative decoding an engine whose engine.json records `engine_default` runs with:
+        speculative_config when given, none for "none", else the engine's default — except in the
+        context phase, which never speculates by default (it computes one token)."""
+        if self.speculative_config == NO_SPECULATION:
+            return None
+        if self.speculative_config is not None:
+            return self.speculative_config  # type: ignore[return-value]  # parsed in __post_init__
+        if self.phase is Phase.CONTEXT:
+            return None
+        return SpeculativeConfig.parse(engine_default)
 
     def with_overrides(self, **overrides: Any) -> RuntimeConfig:
         """A validated copy with some fields replaced."""

@@ -155,9 +155,10 @@ class SamplingParams:
     grammar (ebnf_grammar) or the structural tag (structural_tag); none for json. At most 64 KiB."""
 
     speculative: bool = True
-    """Let an engine that speculates (RuntimeConfig.speculative_config) propose and verify draft
-    tokens for this request; false: one token per step for it (the output is the same for greedy
-    requests either way, and equally distributed for sampled ones)."""
+    """Let an engine that speculates (RuntimeConfig.speculative_config, or engine.json's default)
+    propose and verify draft tokens for this request; false: one token per step for it (the output
+    is the same for greedy requests either way, and equally distributed for sampled ones). The
+    Triton input `speculative` and the OpenAI extra body field `speculative` set it."""
 
     @property
     def is_guided(self) -> bool:

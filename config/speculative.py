@@ -10,6 +10,12 @@ speculation off for a step with more running decodes than that (verification tok
 compute the batch already uses), and `backoff_after_rejections` pauses one sequence's proposals
 after that many verifications in a row accepted nothing (exponentially longer each time, reset
 by the first accepted draft), so a workload the proposer cannot predict pays almost nothing.
+
+Where a config comes from: `build-engine --speculative-config` records one in engine.json as the
+engine's default; `trtforge generate`, `emit-repo` (a config.pbtxt parameter) and
+`RuntimeConfig.speculative_config` override it, and NO_SPECULATION ("none") turns it off.
+`unsupported` is the one rule of where speculation cannot run, which the build, the emitter and
+the engine all apply.
 """
 
 from __future__ import annotations
@@ -23,6 +29,25 @@ from trtforge.config.fields import field_docs
 
 METHODS = ("ngram",)
 """Proposers implemented (vLLM's names); draft_model and eagle are not yet."""
+
+NO_SPECULATION = "none"
+"""The speculative_config that turns speculation off, whatever the engine's default (engine.json)
+says (`--speculative-config none`)."""
+
+
+def unsupported(backend: str, tp_size: int = 1, context_phase: bool = False) -> str | None:
+    """What rules speculative decoding out for an engine of `backend` with `tp_size` ranks (in the
+    context phase of disaggregated serving), in words; None where it runs."""
+    if tp_size > 1:
+        return f"a tensor-parallel engine (tp_size={tp_size})"
+    if backend == "trtllm":
+        return ("the trtllm backend (TensorRT-LLM's own speculative decoding is configured when "
+                "TensorRT-LLM builds its engine, not by trtforge)")
+    if backend != "torch":
+        return f"the {backend} backend (its plan scores one token per sequence)"
+    if context_phase:
+        return "the context phase (it computes the prompt and one token: there is nothing to speculate)"
+    return None
 
 
 @dataclass(frozen=True)
@@ -74,7 +99,7 @@ class SpeculativeConfig:
 
     @classmethod
     def parse(cls, value: SpeculativeConfig | str | dict[str, Any] | None) -> SpeculativeConfig | None:
-        """From a JSON object (text or dict) or an instance; None, "" and "none" are None."""
+        """From a JSON object (text or dict) or an instance; None, "", "none" and "null" are None."""
         if value is None or isinstance(value, SpeculativeConfig):
             return value
         if isinstance(value, str):

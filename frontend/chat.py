@@ -94,7 +94,8 @@ def _choice(body: ChatCompletionRequest, served: ServedModel, sample: Sample,
     logprobs = chat_logprobs(served, tally.token_texts, tally.logprobs, tally.top_logprobs,
                              body.num_top_logprobs()) if body.wants_logprobs() else None
     return ChatChoice(index=sample.index, message=message, logprobs=logprobs, finish_reason=_finish(tally, calls),
-                      stop_reason=tally.stop_reason())
+                      stop_reason=tally.stop_reason(),
+                      avg_decoded_tokens_per_iter=tally.avg_decoded_tokens_per_iter())
 
 
 async def _stream(request: Request, body: ChatCompletionRequest, served: ServedModel, answer: Answer,
@@ -133,7 +134,8 @@ async def _stream(request: Request, body: ChatCompletionRequest, served: ServedM
             out += update_chunks(sample.index, update)
         return out + [chunk(ChatChunkChoice(index=sample.index, delta=ChatDelta(),
                                             finish_reason=_finish(sample.tally, calls),
-                                            stop_reason=sample.tally.stop_reason()))]
+                                            stop_reason=sample.tally.stop_reason(),
+                                            avg_decoded_tokens_per_iter=sample.tally.avg_decoded_tokens_per_iter()))]
 
     heads = [chunk(ChatChunkChoice(index=i, delta=ChatDelta(role="assistant", content="")))
              for i in range(body.num_choices())]

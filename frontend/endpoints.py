@@ -217,7 +217,9 @@ async def create_completion(body: CompletionRequest, request: Request) -> Respon
 
         def tails(sample: Sample) -> list[str]:
             return [sse(chunk([CompletionChoice(index=sample.index, text="", finish_reason=sample.tally.finish_reason(),
-                                                stop_reason=sample.tally.stop_reason())]), usage_excluded)]
+                                                stop_reason=sample.tally.stop_reason(),
+                                                avg_decoded_tokens_per_iter=sample.tally.avg_decoded_tokens_per_iter())]),
+                        usage_excluded)]
 
         heads = [sse(chunk([CompletionChoice(index=i, text=echo)]), usage_excluded)
                  for i in range(body.num_choices())] if echo and not body.echoes_logprobs() else []
@@ -236,6 +238,7 @@ async def create_completion(body: CompletionRequest, request: Request) -> Respon
             served, prompt_ids, tally.prompt_logprobs, body.prompt_logprobs)
         choices.append(CompletionChoice(index=sample.index, text=echo + tally.text, logprobs=logprobs,
                                         finish_reason=tally.finish_reason(), stop_reason=tally.stop_reason(),
+                                        avg_decoded_tokens_per_iter=tally.avg_decoded_tokens_per_iter(),
                                         prompt_logprobs=prompt_logprobs))
     return chunk(choices).model_copy(update={"usage": answer.samples.usage()})
 

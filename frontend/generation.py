@@ -6,7 +6,8 @@ to what OpenAI does not define.
 
 Usage and finish reasons are the engine's own: the ensemble's last response carries
 `num_input_tokens`, `num_output_tokens`, `num_cached_tokens` (usage.prompt_tokens_details),
-`finish_reason` (stop | length) and `stop_reason` / `stop_token_id` (vLLM's `stop_reason`).
+`finish_reason` (stop | length) and `stop_reason` / `stop_token_id` (vLLM's `stop_reason`), and
+from an engine that speculates `avg_decoded_tokens_per_iter` (trtllm-serve's choice field).
 Log-probabilities are asked for only when the client wants them (`return_log_probs`, and
 `num_top_logprobs` for alternatives).
 """
@@ -78,7 +79,8 @@ def ensemble_inputs(req: SamplingFields, prompt: str, max_tokens: int,
         min_tokens=max_tokens if req.ignore_eos else req.min_tokens, cache_salt=cache_salt,
         guided_decoding_guide_type=guide_type, guided_decoding_guide=guide,
         prompt_logprobs=req.engine_prompt_logprobs(),
-        skip_special_tokens=False if keep_special_tokens or req.skip_special_tokens is False else None)
+        skip_special_tokens=False if keep_special_tokens or req.skip_special_tokens is False else None,
+        speculative=req.speculative)
 
 
 @dataclass
@@ -162,6 +164,11 @@ class Tally:
 
     def stop_reason(self) -> str | int | None:
         return self._ending().stop_reason
+
+    def avg_decoded_tokens_per_iter(self) -> float | None:
+        """Tokens generated per engine step of this request (1 + the drafts accepted per step), from
+        a speculating engine's last response; None when the engine does not speculate."""
+        return self._ending().avg_decoded_tokens_per_iter
 
 
 def completion_logprobs(served: ServedModel, texts: list[str], logprobs: list[float],

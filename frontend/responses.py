@@ -18,6 +18,13 @@ StopReason = int | str | None
 the choice; null when it ended otherwise (its length)."""
 
 
+def _avg_decoded_tokens_per_iter() -> Any:
+    return Field(None, description=(
+        "Extension (trtllm-serve's field): with speculative decoding, the tokens this choice generated per "
+        "engine step (1 + the draft tokens accepted per step); null when the engine does not speculate "
+        "(and on streamed chunks before the last)."))
+
+
 class PromptTokensDetails(BaseModel):
     cached_tokens: int = Field(description="Prompt tokens served from the engine's prefix cache.")
 
@@ -61,6 +68,7 @@ class CompletionChoice(BaseModel):
     finish_reason: FinishReason | None = None
     stop_reason: StopReason = None
     prompt_logprobs: PromptLogprobs | None = None
+    avg_decoded_tokens_per_iter: float | None = _avg_decoded_tokens_per_iter()
 
 
 class Completion(BaseModel):
@@ -115,6 +123,7 @@ class ChatChoice(BaseModel):
     logprobs: ChatLogprobs | None = None
     finish_reason: FinishReason
     stop_reason: StopReason = None
+    avg_decoded_tokens_per_iter: float | None = _avg_decoded_tokens_per_iter()
 
 
 class ChatCompletion(BaseModel):
@@ -163,6 +172,7 @@ class ChatChunkChoice(BaseModel):
     logprobs: ChatLogprobs | None = None
     finish_reason: FinishReason | None = None
     stop_reason: StopReason = None
+    avg_decoded_tokens_per_iter: float | None = _avg_decoded_tokens_per_iter()
 
 
 class ChatCompletionChunk(BaseModel):

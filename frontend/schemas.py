@@ -171,6 +171,10 @@ class SamplingFields(BaseModel):
         "Not with stream=true (as vLLM). Such a request computes its whole prompt (no prefix-cache hit)."))
     skip_special_tokens: bool | None = Field(True, description=(
         "Extension (vLLM's): false keeps special tokens (EOS, chat and tool markers) in the text."))
+    speculative: bool | None = Field(None, description=(
+        "Extension (trtforge's; vLLM has none): false opts this request out of the engine's speculative "
+        "decoding (it decodes one token per step while others speculate; greedy output is the same either "
+        "way). Left out: the engine decides (docs/speculative-decoding.md)."))
 
     @model_validator(mode="after")
     def _prompt_logprobs_not_streamed(self) -> "SamplingFields":

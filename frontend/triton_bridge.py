@@ -5,7 +5,8 @@ carries one engine step's text (with `return_log_probs` / `num_top_logprobs`, th
 log-probabilities of the tokens it added and their alternatives; with `prompt_logprobs`, one
 response also carries the prompt's), and the last response says how
 the request ended: `num_input_tokens`, `num_output_tokens`, `num_cached_tokens`, `finish_reason`
-and `stop_reason` / `stop_token_id`.
+and `stop_reason` / `stop_token_id`; from an engine that speculates also `total_draft_tokens`,
+`total_accepted_draft_tokens`, `acceptance_rate` and `avg_decoded_tokens_per_iter`.
 
 The call is made on tritonclient's generated gRPC stub (`tritonclient.grpc.service_pb2_grpc`) over
 a `grpc.aio` channel, with requests and results in tritonclient's own types. tritonclient's aio
@@ -60,6 +61,13 @@ class Piece:
     num_cached_tokens: int | None = None
     prompt_logprobs: list[PromptEntry] | None = None
     """On the response carrying them (prompt_logprobs asked): per prompt token after the first."""
+    total_draft_tokens: int | None = None
+    """The last response of a speculating engine: drafts verified for the request (TensorRT-LLM's)."""
+    total_accepted_draft_tokens: int | None = None
+    """Of those, accepted."""
+    acceptance_rate: float | None = None
+    avg_decoded_tokens_per_iter: float | None = None
+    """Tokens generated per engine step of the request (1 + the accepted drafts per step)."""
 
 
 @dataclass
@@ -134,6 +142,11 @@ def _optional_int(result: InferResult, name: str) -> int | None:
     return None if array is None else int(np.asarray(array).reshape(-1)[0])
 
 
+def _optional_float(result: InferResult, name: str) -> float | None:
+    array = result.as_numpy(name)
+    return None if array is None else float(np.asarray(array).reshape(-1)[0])
+
+
 def _optional_text(result: InferResult, name: str) -> str | None:
     array = result.as_numpy(name)
     if array is None or not np.asarray(array).size:
@@ -160,6 +173,10 @@ def piece_of(response: service_pb2.ModelInferResponse) -> Piece:
         stop_reason=stop_text if stop_text is not None else stop_token,
         num_cached_tokens=_optional_int(result, "num_cached_tokens"),
         prompt_logprobs=prompt_entries(result),
+        total_draft_tokens=_optional_int(result, "total_draft_tokens"),
+        total_accepted_draft_tokens=_optional_int(result, "total_accepted_draft_tokens"),
+        acceptance_rate=_optional_float(result, "acceptance_rate"),
+        avg_decoded_tokens_per_iter=_optional_float(result, "avg_decoded_tokens_per_iter"),
     )
 
 

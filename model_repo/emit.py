@@ -3,7 +3,8 @@
     REPO/
       ensemble/config.pbtxt      the interface TensorRT-LLM clients know (text_input, max_tokens,
                                  …, text_output); decoupled python model; its `parameters` are
-                                 the engine dir and every prefill/decode scheduling option
+                                 the engine dir, the runtime options (device, KV memory,
+                                 speculative_config) and every prefill/decode scheduling option
       ensemble/1/model.py        trtforge's engine adapter (python_models/engine.py)
 
 The model named `ensemble` *is* the decoupled engine model: it takes text and returns text
@@ -28,6 +29,7 @@ from pathlib import Path
 from typing import Any
 
 from trtforge.config.runtime import RuntimeConfig
+from trtforge.config.speculative import SpeculativeConfig, unsupported as speculation_unsupported
 from trtforge.model_repo.disaggregated import (
     DisaggregatedOptions,
     WorkerRouterOptions,
@@ -35,7 +37,13 @@ from trtforge.model_repo.disaggregated import (
     emit_worker_router,
 )
 from trtforge.model_repo.interface import ENSEMBLE
-from trtforge.model_repo.params import AdapterOptions, parameter_docs, runtime_parameters, scheduler_parameters
+from trtforge.model_repo.params import (
+    SPECULATIVE_CONFIG,
+    AdapterOptions,
+    parameter_docs,
+    runtime_parameters,
+    scheduler_parameters,
+)
 from trtforge.model_repo.pbtxt import config_text, python_model_config, write_model
 from trtforge.model_repo.python_models import ENGINE_PY
 from trtforge.model_repo.trtllm.emit import emit_trtllm_repo
@@ -69,12 +77,17 @@ def emit_repo(engine_dir: str | os.PathLike, repo_dir: str | os.PathLike, *,
               kv_cache_memory: str | None = None,
               trtllm_models_dir: str | os.PathLike | TrtllmOptions | None = None,
               disaggregated: bool | DisaggregatedOptions | WorkerRouterOptions = False,
-              **scheduler_overrides: Any) -> Path:
+              **overrides: Any) -> Path:
     """Write (or replace) the `ensemble` model of `repo_dir` for `engine_dir`.
 
-    `scheduler_overrides` are SchedulerConfig fields (e.g. `max_batch_size=8`); they are validated
-    here and written, with every other scheduling parameter, into ensemble/config.pbtxt. Other models
+    `overrides` are SchedulerConfig fields (e.g. `max_batch_size=8`); they are validated here and
+    written, with every other scheduling parameter, into ensemble/config.pbtxt. Other models
     already in `repo_dir` are left alone. Returns the repository path.
+
+    Among them, `speculative_config` (the RuntimeConfig field: vLLM's JSON object, or "none": no
+    speculation) is the engine model's speculative_config parameter; not given: engine.json's
+    default. Refused, by name, for the repository kinds where trtforge's speculation cannot run
+    (TensorRT-LLM's, disaggregated, a router over workers).
 
     disaggregated: write `context` and `generation` models and a router `ensemble` instead
     (model_repo/disaggregated.py), with their DisaggregatedOptions (True: the defaults).
@@ -87,16 +100,21 @@ def emit_repo(engine_dir: str | os.PathLike, repo_dir: str | os.PathLike, *,
     (repo="llmapi": engine_dir is then a Hugging Face checkpoint or hub id), release (version) and
     drift override (allow_drift; without it, a difference raises TrtllmDrift).
     """
+    speculative_config = overrides.pop(SPECULATIVE_CONFIG, None)
+    scheduler_overrides = overrides
     trtllm = (trtllm_models_dir if isinstance(trtllm_models_dir, TrtllmOptions)
               else TrtllmOptions(models_dir=trtllm_models_dir))
     if trtllm.repo == "llmapi":
-        return _emit_llmapi(engine_dir, repo_dir, trtllm, disaggregated, kv_cache_memory, scheduler_overrides)
+        return _emit_llmapi(engine_dir, repo_dir, trtllm, disaggregated, kv_cache_memory, scheduler_overrides,
+                            speculative_config)
     engine_dir = Path(engine_dir).resolve()
     engine = read_engine(engine_dir)
+    _refuse_speculation(speculative_config, engine, disaggregated)
     if isinstance(disaggregated, WorkerRouterOptions):
         return _emit_worker_router(engine_dir, engine, Path(repo_dir), disaggregated, triton_max_batch_size,
                                    exclude_input_in_output, {"kv_cache_memory": kv_cache_memory,
                                                              "kv_events_endpoint": kv_events_endpoint,
+                                                             "speculative_config": speculative_config,
                                                              **scheduler_overrides})
     if kv_events_endpoint and engine.backend == "trtllm":
         raise ValueError("--kv-events-endpoint: TensorRT-LLM's tensorrtllm backend publishes its own KV events "
@@ -131,7 +149,8 @@ def emit_repo(engine_dir: str | os.PathLike, repo_dir: str | os.PathLike, *,
                                   triton_max_batch_size=triton_max_batch_size)
     parameters = {
         **adapter.parameters(),
-        **runtime_parameters(device=device, kv_cache_memory=kv_cache_memory),
+        **runtime_parameters(device=device, kv_cache_memory=kv_cache_memory,
+                             speculative_config=_speculation(engine, speculative_config)),
         **scheduler_parameters(engine, scheduler_overrides),
     }
     repo = Path(repo_dir)
@@ -140,6 +159,31 @@ def emit_repo(engine_dir: str | os.PathLike, repo_dir: str | os.PathLike, *,
                        _header(parameters))
     write_model(repo, ENSEMBLE, text, {"model.py": ENGINE_PY})
     return repo
+
+
+def _refuse_speculation(given: str | None, engine: EngineConfig, disaggregated: Any) -> None:
+    """A speculative_config given for a repository kind it cannot apply to is refused by name."""
+    if given in (None, "") or isinstance(disaggregated, WorkerRouterOptions):
+        return  # a router's: refused with the other engine options it has no place for (_emit_worker_router)
+    if engine.backend == "trtllm":
+        raise ValueError(f"--speculative-config: a --backend trtllm engine is served by TensorRT-LLM's tensorrtllm "
+                         f"backend, not trtforge's engine model: {speculation_unsupported('trtllm')}")
+    if disaggregated:
+        raise ValueError("--speculative-config: not with --disaggregated (the context model computes one token, "
+                         "and the router does not pass speculation outputs on); the generation model runs "
+                         "engine.json's default speculative_config, if the engine has one")
+
+
+def _speculation(engine: EngineConfig, given: str | None) -> SpeculativeConfig | str | None:
+    """The engine model's speculative_config parameter: `given` (checked against the engine), else
+    engine.json's default (None: none)."""
+    if given in (None, ""):
+        return None if engine.speculative_config is None else SpeculativeConfig.parse(engine.speculative_config)
+    spec = RuntimeConfig(speculative_config=given).speculation()  # ValueError naming a bad field
+    why = None if spec is None else speculation_unsupported(engine.backend, engine.tp_size)
+    if why is not None:
+        raise ValueError(f"--speculative-config ({spec.method}): speculative decoding is not supported with {why}")
+    return given
 
 
 def _emit_worker_router(engine_dir: Path, engine: EngineConfig, repo: Path, options: WorkerRouterOptions,
@@ -159,10 +203,15 @@ def _emit_worker_router(engine_dir: Path, engine: EngineConfig, repo: Path, opti
 
 
 def _emit_llmapi(checkpoint: str | os.PathLike, repo_dir: str | os.PathLike, trtllm: TrtllmOptions,
-                 disaggregated: Any, kv_cache_memory: str | None, scheduler_overrides: dict[str, Any]) -> Path:
+                 disaggregated: Any, kv_cache_memory: str | None, scheduler_overrides: dict[str, Any],
+                 speculative_config: str | None) -> Path:
     """The LLM-API repository: `checkpoint` is what TensorRT-LLM loads, not an engine directory."""
     from trtforge.builder.build_config import BuildConfig
     from trtforge.model_repo.trtllm.emit_llmapi import emit_llmapi_repo  # reads checkpoints (builder)
+
+    if speculative_config not in (None, ""):
+        raise ValueError("--speculative-config: not an option of the llmapi repository (TensorRT-LLM's LLM API "
+                         "takes its own speculative_config in model.yaml, which trtforge does not write)")
 
     if (Path(checkpoint) / ENGINE_JSON).is_file():
         raise ValueError(f"{checkpoint} is an engine directory; the llmapi repository serves a Hugging Face "

@@ -61,7 +61,12 @@ INPUTS: tuple[TensorSpec, ...] = (
     _opt("guided_decoding_guide", "TYPE_STRING"),
     _opt("prompt_logprobs", "TYPE_INT32"),
     _opt("skip_special_tokens", "TYPE_BOOL"),
+    _opt("speculative", "TYPE_BOOL"),
 )
+"""TensorRT-LLM's inputs, then trtforge's (model_repo/request.py says what each does; `speculative`,
+model_repo/speculation.py: BOOL, default true; false opts the request out of the engine's
+speculative decoding, SamplingParams.speculative: it decodes one token per step while others
+speculate)."""
 
 OUTPUTS: tuple[TensorSpec, ...] = (
     TensorSpec("text_output", "TYPE_STRING", (-1,)),
@@ -79,6 +84,10 @@ OUTPUTS: tuple[TensorSpec, ...] = (
     TensorSpec("prompt_logprob_ranks", "TYPE_INT32", (-1,)),
     TensorSpec("prompt_top_logprobs_ids", "TYPE_INT32", (-1, -1)),
     TensorSpec("prompt_top_logprobs", "TYPE_FP32", (-1, -1)),
+    TensorSpec("acceptance_rate", "TYPE_FP32", (1,)),
+    TensorSpec("total_accepted_draft_tokens", "TYPE_INT32", (1,)),
+    TensorSpec("total_draft_tokens", "TYPE_INT32", (1,)),
+    TensorSpec("avg_decoded_tokens_per_iter", "TYPE_FP32", (1,)),
 )
 """TensorRT-LLM's outputs, then trtforge's (docs/serving.md, Inputs and outputs):
 
@@ -89,6 +98,11 @@ OUTPUTS: tuple[TensorSpec, ...] = (
 * On the last response of a request: `finish_reason` (stop | length; TensorRT-LLM 1.x LLM-API's
   name), `stop_reason` (the stop string that ended it) or `stop_token_id` (the stop token: EOS,
   `end_id`), and `num_cached_tokens` (prompt tokens served from the prefix cache).
+* On the last response of a request to an engine that speculates (docs/speculative-decoding.md),
+  TensorRT-LLM's per-request speculative decoding outputs: `total_draft_tokens` (drafts verified),
+  `total_accepted_draft_tokens` (of those, accepted), `acceptance_rate` (accepted / drafts, 0 without
+  drafts), and `avg_decoded_tokens_per_iter` (tokens generated per engine step that generated any
+  for it: 1 + the accepted drafts per step; TensorRT-LLM's LLM-API and trtllm-serve name).
 """
 
 

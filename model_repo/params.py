@@ -30,6 +30,7 @@ if TYPE_CHECKING:
 ENGINE_DIR = "engine_dir"
 EXCLUDE_INPUT_DEFAULT = "exclude_input_in_output"
 KV_CACHE_MEMORY = "kv_cache_memory"
+SPECULATIVE_CONFIG = "speculative_config"
 
 
 @dataclass(frozen=True)

@@ -1,7 +1,8 @@
 """The engine directory (docs/architecture.md): engine.json + rank0 weights + tokenizer files.
 
     ENGINE_DIR/
-      engine.json            schema, versions, model, build limits, scheduling defaults, report, sha256s
+      engine.json            schema, versions, model, build limits, scheduling and speculative
+                             decoding defaults, report, sha256s
       rank0.safetensors      converted weights (torch backend)   | rank0.engine + rank0.onnx (tensorrt)
       rank1.safetensors, …   the other tensor-parallel ranks' shards (--tp-size N; tensor_parallel.py)
       tokenizer.json, …      copied from the checkpoint so the directory is self-contained
@@ -31,6 +32,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from trtforge.config.speculative import SpeculativeConfig
 from trtforge.models.errors import EngineLoadError
 from trtforge.models.model_config import ModelConfig
 from trtforge.models.verified_files import digest_of
@@ -78,12 +80,17 @@ class EngineConfig:
     schema_version: int = SCHEMA_VERSION
     tensor_parallel: dict[str, Any] | None = None
     """tp_size > 1: what each rank{r}.safetensors holds (models/tensor_parallel.py `mapping`); absent at tp 1."""
+    speculative_config: dict[str, Any] | None = None
+    """The engine's default speculative decoding (build-engine --speculative-config): a
+    SpeculativeConfig as a JSON object, which runs unless the runtime says otherwise; absent: none
+    (engines built before the option have no such key)."""
 
     def to_json(self) -> str:
         d = dict(self.__dict__)
         d["model"] = self.model.to_dict()
-        if d["tensor_parallel"] is None:  # a single-rank engine.json keeps its keys
-            del d["tensor_parallel"]
+        for key in ("tensor_parallel", "speculative_config"):  # absent when unset: older engine.json keys stay
+            if d[key] is None:
+                del d[key]
         return json.dumps(d, indent=2, sort_keys=False)
 
     @classmethod
@@ -150,11 +157,22 @@ def read_engine_config(directory: str | Path, verify_checksums: bool = True, *,
         cfg = EngineConfig.from_dict(raw)
     except TypeError as exc:
         raise EngineLoadError(f"{path} does not match schema {SCHEMA_VERSION} ({exc}). {rebuild}") from None
+    _check_speculative_config(path, cfg, rebuild)
     _check_names(path, cfg, rebuild)
     _check_versions(cfg, rebuild)
     if verify_checksums:
         _check_files(directory, cfg, rebuild, verify_weights)
     return cfg
+
+
+def _check_speculative_config(path: Path, cfg: EngineConfig, rebuild: str) -> None:
+    if cfg.speculative_config is None:
+        return
+    try:
+        SpeculativeConfig.parse(cfg.speculative_config)
+    except (TypeError, ValueError) as exc:
+        raise EngineLoadError(f"{path}: its default speculative_config {cfg.speculative_config!r} is invalid "
+                              f"({exc}). {rebuild} --speculative-config JSON") from None
 
 
 def _check_names(path: Path, cfg: EngineConfig, rebuild: str) -> None:

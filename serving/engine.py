@@ -42,6 +42,7 @@ from trtforge.config.fields import parse_bytes
 from trtforge.config.runtime import Phase, RuntimeConfig
 from trtforge.config.sampling import SamplingParams
 from trtforge.config.scheduler import SchedulerConfig
+from trtforge.config.speculative import SpeculativeConfig, unsupported as speculation_unsupported
 from trtforge.models.engine_dir import EngineConfig, read_engine_config
 from trtforge.models.kv_sizing import kv_num_blocks
 from trtforge.models.tokenizer import load_tokenizer
@@ -164,20 +165,18 @@ def num_kv_blocks(cfg: EngineConfig, kv_cache_memory: str | int | None) -> int:
 _RUNTIME_FIELDS = frozenset(f.name for f in dataclasses.fields(RuntimeConfig))
 
 
-def check_speculation(cfg: EngineConfig, runtime: RuntimeConfig) -> None:
-    """Refuse, by name, the combinations speculative decoding does not support (never ignored)."""
-    if runtime.speculative_config is None:
-        return
-    where = None
-    if cfg.tp_size > 1:
-        where = f"a tensor-parallel engine (tp_size={cfg.tp_size})"
-    elif cfg.backend != "torch":
-        where = f"the {cfg.backend} backend (its plan scores one token per sequence)"
-    elif runtime.phase is Phase.CONTEXT:
-        where = "the context phase (it computes the prompt and one token: there is nothing to speculate)"
+def check_speculation(cfg: EngineConfig, runtime: RuntimeConfig) -> SpeculativeConfig | None:
+    """The speculation `runtime` runs `cfg` with (its own speculative_config, else engine.json's
+    default); the combinations it does not support are refused by name (never ignored)."""
+    spec = runtime.speculation(cfg.speculative_config)
+    if spec is None:
+        return None
+    where = speculation_unsupported(cfg.backend, cfg.tp_size, runtime.phase is Phase.CONTEXT)
     if where is not None:
-        raise ValueError(f"speculative decoding ({runtime.speculative_config.method}) is not supported with "
-                         f"{where}: run without speculative_config")
+        origin = "speculative_config" if runtime.speculative_config is not None else "engine.json's speculative_config"
+        raise ValueError(f"speculative decoding ({spec.method}) is not supported with {where}: run without "
+                         f"{origin} (speculative_config=none turns an engine's default off)")
+    return spec
 
 
 class LLMEngine:
@@ -187,7 +186,7 @@ class LLMEngine:
                  tokenizer: Any, scheduler_config: SchedulerConfig):
         """`executor` runs `engine_config`'s network over scheduler_config.num_blocks KV blocks;
         `runtime.phase` other than both also opens the phase's KV connector over its pools."""
-        check_speculation(engine_config, runtime)
+        speculation = check_speculation(engine_config, runtime)
         self.engine_config = engine_config
         self.runtime = runtime
         self.phase = runtime.phase
@@ -213,8 +212,8 @@ class LLMEngine:
         self._grammars: GrammarCompiler | None = None  # built by the first structured-output request
         self.spec: SpecDecodeController | None = None
         """Speculative decoding's proposer and adaptive rule (None: one token per decode step)."""
-        if runtime.speculative_config is not None:
-            self.spec = SpecDecodeController(runtime.speculative_config)
+        if speculation is not None:
+            self.spec = SpecDecodeController(speculation)
 
     @classmethod
     def from_engine_dir(cls, path: str | Path, runtime: RuntimeConfig | None = None,

@@ -33,6 +33,11 @@ outputs of the generated tokens.
 Prompt logprobs (`prompt_logprobs` = K) go out once, with the first response sent after the engine
 computed them (a stream's first; the only response otherwise): `prompt_log_probs`,
 `prompt_logprob_ranks`, `prompt_top_logprobs_ids` / `prompt_top_logprobs` (interface.py).
+
+Speculative decoding (the `speculative_config` parameter, else engine.json's default): the input
+`speculative` = false opts a request out; the last response of every request carries TensorRT-LLM's
+`total_draft_tokens`, `total_accepted_draft_tokens` and `acceptance_rate`, and
+`avg_decoded_tokens_per_iter` (its tokens per engine step that gave it any, counted here).
 """
 
 from __future__ import annotations
@@ -68,6 +73,7 @@ from trtforge.model_repo.python_models.base import (
     text_of,
 )
 from trtforge.model_repo.request import GenerationRequest, parse_request
+from trtforge.model_repo.speculation import speculation_arrays, with_speculative_input
 from trtforge.serving.core.scheduler import EngineOverloaded
 from trtforge.serving.outputs import FinishReason
 
@@ -85,6 +91,9 @@ class _Active:
     cum_logprob: float = 0.0
     prompt_logprobs: list[Any] | None = None
     """The engine's prompt logprobs, not sent yet (serving/prompt_logprobs.PromptLogprob)."""
+    steps: int = 0
+    """Engine steps that gave the request tokens (avg_decoded_tokens_per_iter's denominator)."""
+    last_step: int = -1
 
 
 class TritonPythonModel(DecoupledModel):
@@ -118,6 +127,7 @@ class TritonPythonModel(DecoupledModel):
         self._inbox: queue.Queue = queue.Queue()
         self._active: dict[str, _Active] = {}
         self._next_id = 0
+        self._step = 0  # engine steps run (to count each request's steps)
         self._gone: queue.Queue = queue.Queue()  # request ids whose client went away mid-stream
         self.start_responses(pb_utils, "trtforge-responses")
         self._stop = threading.Event()
@@ -130,7 +140,7 @@ class TritonPythonModel(DecoupledModel):
         self.intake(requests, PHASE_MODEL_INPUTS, self._parse, self._accept)
 
     def _parse(self, arrays: dict[str, np.ndarray]) -> tuple[Any, Any]:
-        parsed = parse_request(arrays, self.exclude_input_default)
+        parsed = with_speculative_input(parse_request(arrays, self.exclude_input_default), arrays)
         if parsed.prompt_logprobs is not None and self.phase != Phase.BOTH:
             raise ValueError(f"prompt_logprobs={parsed.prompt_logprobs} is not supported by a disaggregated "
                              f"repository (this is its {self.phase} model): the router forwards the "
@@ -187,6 +197,7 @@ class TritonPythonModel(DecoupledModel):
         self._admit(block=not self.engine.has_unfinished())
         self._abort_cancelled()
         if self.engine.has_unfinished():
+            self._step += 1
             for output in self.engine.step():
                 self._dispatch(output)
         else:
@@ -276,6 +287,8 @@ class TritonPythonModel(DecoupledModel):
             active.prompt_logprobs = output.prompt_logprobs
         active.logprobs.extend(new_logprobs)
         active.top_logprobs.extend(output.top_logprobs or [])
+        if output.new_token_ids and active.last_step != self._step:
+            active.steps, active.last_step = active.steps + 1, self._step
         if output.cum_logprob is not None:
             active.cum_logprob = output.cum_logprob
         if output.finished:
@@ -286,7 +299,7 @@ class TritonPythonModel(DecoupledModel):
         answer = self._answer(active, output, new_logprobs)
         flags = self.final if output.finished else 0
         if answer is not None or flags:
-            response = None if answer is None else self._response(active, answer)
+            response = None if answer is None else self._response(active, answer, output)
             self.send(active.sender, response, flags, gone=None if output.finished else output.request_id)
 
     def _answer(self, active: _Active, output: Any, new_logprobs: list[float]) -> Answer | None:
@@ -316,14 +329,18 @@ class TritonPythonModel(DecoupledModel):
                                             if output.kv_handle is not None else None))
 
 
-    @staticmethod
-    def _response(active: _Active, answer: Answer) -> Any:
-        """The response of `answer`, with the prompt logprobs if they are still to be sent."""
+    def _response(self, active: _Active, answer: Answer, output: Any) -> Any:
+        """The response of `answer`, with the prompt logprobs if they are still to be sent, and on
+        a request's last response the speculative decoding counts of an engine that speculates."""
         tensors = answer.tensors(pb_utils)
         if active.prompt_logprobs is not None:
             entries, active.prompt_logprobs = active.prompt_logprobs, None
             tensors += [pb_utils.Tensor(name, array) for name, array in prompt_logprob_arrays(
                 entries, active.request.prompt_logprobs or 0).items()]
+        if output.finished and output.kv_handle is None and self.engine.spec is not None:
+            generated = len(output.output_token_ids) - (self.phase == Phase.GENERATION)  # its first: the context's
+            tensors += [pb_utils.Tensor(name, array) for name, array in speculation_arrays(
+                output.num_draft_tokens, output.num_accepted_tokens, generated, active.steps).items()]
         return pb_utils.InferenceResponse(output_tensors=tensors)
 
 

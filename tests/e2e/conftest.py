@@ -25,7 +25,8 @@ EXPECTED_TESTS = {"test_triton_e2e.py": 11, "test_launcher.py": 2, "test_openai.
                   "test_openai_fuzz.py": 1, "test_disaggregated.py": 7,
                   "test_tensor_parallel_e2e.py": 1, "test_disaggregated_hosts.py": 2, "test_dynamo.py": 6,
                   "test_dynamo_disaggregated.py": 4, "test_openai_disaggregated.py": 2,
-                  "test_openai_tools.py": 5, "test_worker_router.py": 4, "test_openai_tokenize_tools.py": 1}
+                  "test_openai_tools.py": 5, "test_worker_router.py": 4, "test_openai_tokenize_tools.py": 1,
+                  "test_speculative_e2e.py": 3}
 
 _selected: Counter = Counter()
 _passed: Counter = Counter()
