@@ -129,6 +129,12 @@ class ModelConfig:
         """Every layer attends within a window (Mistral-style): KV blocks before the largest window can be freed."""
         return bool(self.layer_windows) and all(w > 0 for w in self.layer_windows)
 
+    @property
+    def kv_window(self) -> int:
+        """The window past which no layer reads KV: the largest layer window when every layer is windowed, else 0
+        (some layer attends to the whole context, so every block is kept). What the scheduler frees blocks by."""
+        return max(self.layer_windows) if self.all_layers_windowed else 0
+
     def uses_local_rope(self, layer: int) -> bool:
         """Whether layer `layer` rotates with the sliding layers' own RoPE (`rope_local_inv_freq`)."""
         return (self.rope_local_type is not None and self.layer_types is not None

@@ -193,7 +193,8 @@ class LLMEngine:
         self.executor = executor
         self.tokenizer = tokenizer
         self.scheduler_config = scheduler_config
-        self.scheduler = Scheduler(scheduler_config)
+        # Every layer windowed (ModelConfig.kv_window > 0): blocks before the window are freed.
+        self.scheduler = Scheduler(scheduler_config, sliding_window=engine_config.model.kv_window)
         self.sampler = Sampler()
         self.connector: KVConnector | None = None
         """The KV connector of a disaggregated phase (context: exporter; generation: importer)."""
@@ -309,6 +310,7 @@ class LLMEngine:
         seq = Sequence(seq_id=rid, prompt_token_ids=list(ids), max_tokens=max_tokens,
                        output_token_ids=list(state.output_token_ids), arrival_time=arrival,
                        num_external_tokens=len(ids) if handoff is not None else 0,
+                       external_first_block=handoff.first_block if handoff is not None else 0,
                        cache_salt=salt)
         try:
             self.scheduler.add(seq)  # validates length and KV need, bounds the waiting queue

@@ -21,16 +21,26 @@ the prefix cache, nor do the blocks after it: its tokens were not computed here,
 names its token ids itself, so caching it would serve one request's claim to another.
 
 Sliding window (`sliding_window` > 0: every layer of the model attends within a window, the largest
-of them W; ModelConfig.all_layers_windowed): `free_out_of_window`, called after each step, releases
-the leading blocks no later token can see — block i once (i + 1) * block_size <= N - W + 1, N the
+of them W; ModelConfig.kv_window): `free_out_of_window`, called after each step, releases the
+leading blocks no later token can see — block i once (i + 1) * block_size <= N - W + 1, N the
 computed tokens (the next token, at position N, sees (N - W, N]) — and leaves `FREED_BLOCK` in their
-table entries, so a table keeps one entry per block of the sequence (position p is still entry
-p // block_size) while the sequence holds at most ceil(W / block_size) + 1 blocks. The attention op
-never reads an entry before its window (plugins/paged_attention/op.py). Prefix caching stays
-correct: a block is registered (`cache_full_blocks`) before it is released, and a released cached
-block keeps its K/V and its key in the free queue like any freed block, so a later request with the
-same prefix may revive it (its K/V depend on its tokens and the ones before them only). A model
-with any full-attention layer keeps every block (sliding_window 0).
+table entries (Sequence.num_freed_blocks counts them), so a table keeps one entry per block of the
+sequence (position p is still entry p // block_size) while the sequence holds at most
+ceil(W / block_size) + 1 blocks in decode (`max_held_blocks` bounds a prefill chunk). The attention
+op never reads an entry before its window (plugins/paged_attention/op.py); model_inputs turns the
+entries into block 0 before they become a tensor, so nothing downstream sees a negative id.
+
+    table  [ -1 | -1 | -1 | 17 |  4 | 9 ]        N = 22 computed, W = 8, block_size 4
+             positions 0..11 freed   12..23: the next token (22) sees 15..22
+
+Prefix caching stays correct: a block is registered (`cache_full_blocks`) before it is released,
+and a released cached block keeps its K/V and its key in the free queue like any freed block
+(no BlockRemoved event until its memory is reused, kv_events.py), so a later request with the same
+prefix may revive it (its K/V depend on its tokens and the ones before them only). Such a request
+revives only the hit blocks its first chunk can see: the ones before its window are admitted as
+FREED_BLOCK entries (PrefixHit.num_dead) and never referenced, while its chain continues from the
+last hit, so the blocks it computes are keyed by the whole prefix. A model with any full-attention
+layer keeps every block (sliding_window 0).
 """
 
 from __future__ import annotations
@@ -102,8 +112,16 @@ class PrefixHit:
     chain: _Chain = field(default_factory=_Chain)
     """The chain after them (where `cache_full_blocks` continues)."""
     num_revived: int = 0
-    """How many of them are currently free (taking them lowers the free count)."""
+    """How many of the live ones (after num_dead) are currently free (taking them lowers the free count)."""
     block_size: int = 1
+    num_dead: int = 0
+    """Sliding window: how many leading hit blocks the first chunk (from num_tokens on) cannot see;
+    admitted as FREED_BLOCK entries, never referenced."""
+
+    @property
+    def num_live(self) -> int:
+        """Hit blocks the sequence will hold at admission."""
+        return len(self.blocks) - self.num_dead
 
     @property
     def num_tokens(self) -> int:
@@ -166,8 +184,10 @@ class KVCacheManager:
     @property
     def num_stored_tokens(self) -> int:
         """Tokens whose K/V are in the cache, over the sequences holding blocks (for KV waste:
-        1 - stored / (used blocks × block_size); shared prefix blocks count once per holder)."""
-        return sum(seq.num_computed_tokens for seq in self._holders.values())
+        1 - stored / (used blocks × block_size); shared prefix blocks count once per holder; the
+        positions of blocks freed out of the sliding window are no longer stored)."""
+        return sum(max(0, seq.num_computed_tokens - seq.num_freed_blocks * self.block_size)
+                   for seq in self._holders.values())
 
     @property
     def prefix_hit_rate(self) -> float:
@@ -191,16 +211,44 @@ class KVCacheManager:
             if block is None:
                 break
             hit.blocks.append(block)
-            hit.num_revived += self.pool.ref_counts[block] == 0
             chain.num_blocks, chain.key, chain.content_id = i + 1, key, self.pool.content_id(block)
+        hit.num_dead = self._num_dead(hit.num_tokens, len(hit.blocks))
+        hit.num_revived = sum(self.pool.ref_counts[b] == 0 for b in hit.blocks[hit.num_dead:])
         return hit
 
+    def _num_dead(self, num_computed: int, num_entries: int) -> int:
+        """Leading blocks no token from position num_computed on can see (0 without a window)."""
+        if self.sliding_window <= 0:
+            return 0
+        return min(max(0, num_computed - self.sliding_window + 1) // self.block_size, num_entries)
+
+    def max_held_blocks(self, num_positions: int, max_chunk: int) -> int:
+        """The most blocks a sequence of up to `num_positions` computed positions holds at once when no step
+        computes more than `max_chunk` of its tokens. Without a window: all of them. With one (W): a step
+        computing n tokens from position N holds the blocks of [N - W + 1, N + n), which span at most
+        ceil((W + n + block_size - 2) / block_size) blocks (the first one partly out of the window)."""
+        every = self.blocks_for(num_positions)
+        if self.sliding_window <= 0:
+            return every
+        return min(every, self.blocks_for(self.sliding_window + max(max_chunk, 1) + self.block_size - 2))
+
+    def held_blocks(self, seq: Sequence) -> int:
+        """Blocks `seq` references (its table less the entries freed out of the window)."""
+        return len(seq.block_table) - seq.num_freed_blocks
+
     def admit(self, seq: Sequence, hit: PrefixHit) -> None:
-        """Start `seq`'s block table with the prefix hit (possibly empty); its K/V count as computed."""
+        """Start `seq`'s block table with the prefix hit (possibly empty); its K/V count as computed.
+        The hit's dead blocks (and a handoff's blocks before its external_first_block) start as FREED_BLOCK."""
         if seq.block_table or seq.seq_id in self._holders:
             raise RuntimeError(f"sequence {seq.seq_id} is admitted but already holds KV blocks")
-        self.pool.touch(hit.blocks)
-        seq.block_table = list(hit.blocks)
+        dead = hit.num_dead
+        if seq.num_external_tokens > 0:  # a handoff without the blocks the context side freed
+            if hit.blocks:
+                raise RuntimeError(f"sequence {seq.seq_id} with external KV is admitted with a prefix hit")
+            dead = seq.external_first_block
+        self.pool.touch(hit.blocks[dead:])
+        seq.block_table = [FREED_BLOCK] * dead + hit.blocks[dead:]
+        seq.num_freed_blocks = dead
         seq.num_computed_tokens = hit.num_tokens
         seq.num_cached_prefix_tokens = hit.num_tokens
         self._holders[seq.seq_id] = seq
@@ -242,9 +290,11 @@ class KVCacheManager:
             return
         tokens, bs = seq.all_token_ids, self.block_size
         for i in range(chain.num_blocks, num_full):
+            block = seq.block_table[i]
+            if block == FREED_BLOCK:  # free_out_of_window registers before it releases
+                raise KVCacheInvariantError(f"sequence {seq.seq_id}: block {i} was freed before it was cached")
             packed = pack_tokens(tokens[i * bs:(i + 1) * bs])
             parent, chain.key = chain.key, block_key(chain.key, packed)
-            block = seq.block_table[i]
             indexed = self.pool.block_hash[block] is not None
             chain.content_id = self.pool.register(block, chain.key, chain.content_id, packed)
             chain.num_blocks = i + 1
@@ -258,17 +308,14 @@ class KVCacheManager:
     def free_out_of_window(self, seq: Sequence) -> int:
         """Release `seq`'s leading blocks that no later token can attend to (sliding_window > 0); their
         entries become FREED_BLOCK. Registers full blocks in the prefix cache first. Returns how many."""
-        if self.sliding_window <= 0:
-            return 0
-        dead = min(max(0, seq.num_computed_tokens - self.sliding_window + 1) // self.block_size,
-                   len(seq.block_table))
-        table = seq.block_table
-        released = [b for b in table[:dead] if b != FREED_BLOCK]
-        if not released:
+        dead = self._num_dead(seq.num_computed_tokens, len(seq.block_table))
+        if dead <= seq.num_freed_blocks:
             return 0
         self.cache_full_blocks(seq)
-        for i in range(dead):
-            table[i] = FREED_BLOCK
+        table, first = seq.block_table, seq.num_freed_blocks
+        released = table[first:dead]
+        table[first:dead] = [FREED_BLOCK] * (dead - first)
+        seq.num_freed_blocks = dead
         self.pool.release(reversed(released))
         return len(released)
 
@@ -287,8 +334,9 @@ class KVCacheManager:
 
     def free(self, seq: Sequence) -> None:
         """Release all of `seq`'s blocks (cached ones stay revivable) and empty its table."""
-        self.pool.release(reversed([b for b in seq.block_table if b != FREED_BLOCK]))
+        self.pool.release(reversed(seq.block_table[seq.num_freed_blocks:]))
         seq.block_table = []
+        seq.num_freed_blocks = 0
         self._holders.pop(seq.seq_id, None)
         self._chains.pop(seq.seq_id, None)
 
@@ -299,7 +347,10 @@ class KVCacheManager:
         problems = self.pool.problems()
         held = Counter()
         for seq in self._holders.values():
-            table = [b for b in seq.block_table if b != FREED_BLOCK]
+            table = seq.block_table[seq.num_freed_blocks:]
+            if seq.block_table[:seq.num_freed_blocks] != [FREED_BLOCK] * seq.num_freed_blocks or FREED_BLOCK in table:
+                problems.append(f"sequence {seq.seq_id}: FREED_BLOCK entries are not exactly its first "
+                                f"num_freed_blocks={seq.num_freed_blocks}: {seq.block_table}")
             held.update(table)
             if len(set(table)) != len(table):
                 problems.append(f"sequence {seq.seq_id} holds a block twice: {table}")

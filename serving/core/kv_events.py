@@ -10,6 +10,8 @@ events, so the events must say exactly what a later prompt could hit here:
 
 A freed block stays indexed, and a later prefix hit revives it, until its memory is reused, so
 "freed" is not "removed": the router keeps preferring a worker while the blocks are still there.
+A block freed because it fell out of a sliding window (KVCacheManager.free_out_of_window) is no
+different: it was stored before it was freed, and is removed once, when its memory is reused.
 Blocks that never enter the prefix cache (imported from another engine, after a key collision,
 or with prefix caching off) are never announced.
 

@@ -25,6 +25,12 @@ Under guaranteed_no_evict a request is admitted only when its whole KV need (pro
 fits in the free blocks not already promised to running sequences, so a running sequence always
 finds its next block and nothing is ever preempted.
 
+Sliding window (`sliding_window` > 0, every layer windowed): after each step a sequence's blocks
+before its window are freed (KVCacheManager.free_out_of_window), so its KV need is what it holds at
+once, `kv_need_blocks` — about ceil(W / block_size) + 1 blocks in decode, a little more while a
+prefill chunk is computed — not its whole length: that is what admission and the pool check count.
+A verification chunk is kept within the prefill chunk cap so that bound holds for drafts too.
+
 A SchedulerOutput is plain data — ids, counts, and copies of the chunk's tokens and block table —
 never a live Sequence: whoever executes the batch (this process, another tensor-parallel rank, the
 other phase of disaggregated serving) can neither see nor change the scheduler's state.
@@ -81,7 +87,9 @@ class KVImport:
     num_tokens: int
     """Positions [0, num_tokens) of the sequence."""
     block_table: list[int]
-    """The blocks that hold them, in order (a copy)."""
+    """The blocks that hold them from block first_block on, in order (a copy)."""
+    first_block: int = 0
+    """The handoff's first block (sliding window: the ones before it were not handed over)."""
 
 
 @dataclass
@@ -129,6 +137,9 @@ class Scheduler:
         self._counter = itertools.count()
         self._watermark_blocks = int(config.kv_watermark * config.num_blocks)
         self._chunk_cap = config.prefill_chunk_size or config.max_num_tokens
+        self._max_chunk = min(self._chunk_cap, self._prefill_token_cap())
+        """The most tokens of one sequence a step computes (a prefill chunk; a verification chunk
+        is kept within it under a sliding window): what a windowed sequence's KV need is counted by."""
         self._imports: list[KVImport] = []  # admitted this step with external KV
         self.num_preemptions = 0
         """Preemptions since start (max_utilization only); the one count of them (EngineStats reads
@@ -153,9 +164,17 @@ class Scheduler:
         """Their prompt tokens (what max_queued_tokens bounds)."""
         return self._queued_tokens
 
-    def kv_need_blocks(self, seq: Sequence) -> int:
-        """Most blocks `seq` can ever hold: the last sampled token is never computed."""
-        return self.kv_manager.blocks_for(seq.num_prompt_tokens + seq.max_tokens - 1)
+    def kv_need_blocks(self, seq: Sequence, max_tokens: int | None = None) -> int:
+        """Most blocks `seq` can ever hold at once (with `max_tokens`, default its own): the last
+        sampled token is never computed; with a sliding window, only the blocks a step can see
+        are held (KVCacheManager.max_held_blocks), and a handoff is admitted with blocks for all
+        its tokens from its first handed-over block (freed after its first step)."""
+        kv = self.kv_manager
+        positions = seq.num_prompt_tokens + (seq.max_tokens if max_tokens is None else max_tokens) - 1
+        need = kv.max_held_blocks(positions, self._max_chunk)
+        if seq.num_external_tokens:
+            need = max(need, kv.blocks_for(seq.num_tokens) - seq.external_first_block)
+        return need
 
     def add(self, seq: Sequence) -> None:
         """Queue a new request. ValueError for one that could never be scheduled — prompt +
@@ -175,6 +194,7 @@ class Scheduler:
         if not 0 <= seq.num_external_tokens < seq.num_tokens:
             raise ValueError(f"request {seq.seq_id}: num_external_tokens={seq.num_external_tokens} "
                              f"must be below its {seq.num_tokens} tokens (the last is computed here)")
+        self._check_external_window(seq)
         if seq.max_tokens < 1 or seq.num_output_tokens >= seq.max_tokens:
             raise ValueError(f"request {seq.seq_id}: max_tokens={seq.max_tokens} is invalid: must be "
                              f">= 1 and more than the {seq.num_output_tokens} tokens already generated")
@@ -191,6 +211,21 @@ class Scheduler:
         self._waiting.append(seq)
         self._queued_tokens += n_prompt
 
+    def _check_external_window(self, seq: Sequence) -> None:
+        """A handoff may leave out only the leading blocks this engine's window never reads again."""
+        first, ext = seq.external_first_block, seq.num_external_tokens
+        if first == 0:
+            return
+        kv = self.kv_manager
+        window = kv.sliding_window
+        dead = max(0, ext - window + 1) // kv.block_size if window > 0 else 0
+        if not 0 < first <= dead or not ext:
+            raise ValueError(
+                f"request {seq.seq_id}: its KV handoff starts at block {first} of {ext} tokens, but this "
+                f"engine's sliding window ({window or 'none: every layer attends to the whole context'}) "
+                f"still reads from block {dead}; the context and generation engines must serve the same "
+                f"engine (block_size={kv.block_size})")
+
     def _check_queue_room(self, seq: Sequence) -> None:
         cfg = self.config
         if cfg.max_queue_size and len(self._waiting) >= cfg.max_queue_size:
@@ -205,11 +240,13 @@ class Scheduler:
 
     def _check_fits_pool(self, seq: Sequence, max_tokens: int) -> None:
         cfg, kv = self.config, self.kv_manager
-        need = kv.blocks_for(seq.num_prompt_tokens + max_tokens - 1)
+        need = self.kv_need_blocks(seq, max_tokens)
         if need > cfg.num_blocks:
+            window = (f", sliding window {kv.sliding_window}: the blocks of one step's chunk of up to "
+                      f"{self._max_chunk} tokens and its window" if kv.sliding_window else "")
             raise ValueError(
                 f"request {seq.seq_id} needs up to {need} KV blocks ({seq.num_prompt_tokens} prompt "
-                f"tokens + max_tokens={max_tokens}, block_size={cfg.block_size}) but the pool has "
+                f"tokens + max_tokens={max_tokens}, block_size={cfg.block_size}{window}) but the pool has "
                 f"only {cfg.num_blocks}; lower max_tokens or give the KV cache more memory")
         if cfg.policy == "max_utilization":
             first = kv.blocks_for(min(seq.num_tokens, self._chunk_cap, self._prefill_token_cap()))
@@ -269,7 +306,10 @@ class Scheduler:
                 pending_decodes -= 1
                 n = 1 if budget.tokens >= 1 else 0
                 if n and seq.seq_id in drafts:
-                    extra = self._draft_room(seq, drafts[seq.seq_id], budget.tokens - 1 - pending_decodes)
+                    spare = budget.tokens - 1 - pending_decodes
+                    if self.kv_manager.sliding_window:  # kv_need_blocks counts chunks of up to _max_chunk
+                        spare = min(spare, self._max_chunk - 1)
+                    extra = self._draft_room(seq, drafts[seq.seq_id], spare)
             else:
                 n = self._chunk_len(seq.num_uncomputed_tokens, budget, reserve=pending_decodes)
             if n == 0:
@@ -367,7 +407,7 @@ class Scheduler:
         new_blocks = kv.blocks_for(hit.num_tokens + n) - len(hit.blocks)
         free_after = kv.num_free_blocks - hit.num_revived - new_blocks
         if self.config.policy == "guaranteed_no_evict":
-            later = self.kv_need_blocks(seq) - len(hit.blocks) - new_blocks
+            later = self.kv_need_blocks(seq) - hit.num_live - new_blocks
             if free_after < self._promised_blocks() + later:
                 return False
         elif free_after < (0 if seq.status is SequenceStatus.PREEMPTED else self._watermark_blocks):
@@ -387,7 +427,7 @@ class Scheduler:
         n = seq.num_tokens - ext
         if n > budget.tokens:
             return False
-        new_blocks = kv.blocks_for(seq.num_tokens)
+        new_blocks = kv.blocks_for(seq.num_tokens) - seq.external_first_block
         free_after = kv.num_free_blocks - new_blocks
         if self.config.policy == "guaranteed_no_evict":
             if free_after < self._promised_blocks() + self.kv_need_blocks(seq) - new_blocks:
@@ -398,17 +438,18 @@ class Scheduler:
         if not kv.allocate_for(seq, seq.num_tokens):
             raise RuntimeError("KV admission check passed but allocation failed (accounting bug)")
         seq.num_computed_tokens = ext
-        seq.num_external_tokens = 0  # a later preemption recomputes everything
+        seq.num_external_tokens = seq.external_first_block = 0  # a later preemption recomputes everything
         seq.status = SequenceStatus.RUNNING
         bisect.insort(self._running, seq, key=lambda s: self._rank[s.seq_id])
-        self._imports.append(KVImport(seq.seq_id, ext, seq.block_table[:kv.blocks_for(ext)]))
+        self._imports.append(KVImport(seq.seq_id, ext, seq.block_table[seq.num_freed_blocks:kv.blocks_for(ext)],
+                                      seq.num_freed_blocks))
         decode = self._is_decode(seq)
         self._emit(seq, n, decode, budget, prefills)
         return True
 
     def _promised_blocks(self) -> int:
         """Blocks running sequences may still take (guaranteed_no_evict reserves them)."""
-        return sum(max(self.kv_need_blocks(s) - len(s.block_table), 0) for s in self._running)
+        return sum(max(self.kv_need_blocks(s) - self.kv_manager.held_blocks(s), 0) for s in self._running)
 
     # ---- after the step ---------------------------------------------------------------------
     def update(self, out: SchedulerOutput, sampled: dict[SeqId, int | list[int]]) -> None:
@@ -447,7 +488,7 @@ class Scheduler:
 
     def kv_blocks(self, seq_id: SeqId) -> tuple[list[int], int]:
         """(a copy of the block table, computed tokens) of an unfinished sequence: what a KV
-        handoff exports."""
+        handoff exports (its leading FREED_BLOCK entries, out of the sliding window, are not)."""
         seq = self._seqs[seq_id]
         return list(seq.block_table), seq.num_computed_tokens
 

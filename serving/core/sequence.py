@@ -67,12 +67,20 @@ class Sequence:
     num_computed_tokens: int = 0
     """Leading tokens of `all_token_ids` whose K/V are in the cache (computed or prefix-cache hits)."""
     block_table: list[int] = field(default_factory=list)
-    """Physical KV block ids, in position order; block i holds positions [i*B, (i+1)*B)."""
+    """Physical KV block ids, in position order; block i holds positions [i*B, (i+1)*B) (the first
+    num_freed_blocks entries: FREED_BLOCK, out of the sliding window)."""
     num_cached_prefix_tokens: int = 0
     """Tokens reused from the prefix cache at the latest admission (not recomputed)."""
     num_external_tokens: int = 0
     """Leading tokens whose K/V arrive from outside at admission (a KV handoff from a context
     engine) instead of being computed; 0 once admitted (a preempted sequence recomputes)."""
+    external_first_block: int = 0
+    """With num_external_tokens: the first block the handoff brings (KVHandle.first_block); the
+    blocks before it fell out of the sliding window on the context side and do not come (their
+    entries start FREED_BLOCK). 0 once admitted."""
+    num_freed_blocks: int = 0
+    """Leading block-table entries released because they fell out of the sliding window
+    (FREED_BLOCK, kv_cache_manager); the sequence holds len(block_table) - num_freed_blocks blocks."""
     cache_salt: str | None = None
     """Its prefix-cache namespace (SamplingParams.cache_salt): folded into the root key of its
     block chain, so it shares cached blocks only with sequences of the same salt."""

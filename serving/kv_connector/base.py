@@ -58,7 +58,8 @@ class KVConnector(abc.ABC):
 
     def load_kv(self, handle: KVHandle, block_ids: list[int]) -> None:
         """Copy the handle's KV into `block_ids` of the engine's pool (the blocks the scheduler
-        gave the request at admission). Any error fails that request alone."""
+        gave the request at admission, one for each of handle.blocks: from its first_block on).
+        Any error fails that request alone."""
         raise NotImplementedError(f"a {self.role} connector imports no KV")
 
     # ---- (b) a finished prefill: context side ----------------------------------------------
@@ -66,7 +67,8 @@ class KVConnector(abc.ABC):
         """Copy positions [0, num_tokens) of a request out of `block_ids` of the engine's pool and
         return the handle a generation engine continues from; `state` fills the handle's request
         fields (prompt_token_ids, first_token, seed, …). The pool blocks may be freed right after.
-        HandoffError when there is no room to stage it."""
+        Leading FREED_BLOCK entries (freed out of a sliding window) are not copied: the handle's
+        first_block says where its blocks start. HandoffError when there is no room to stage it."""
         raise NotImplementedError(f"a {self.role} connector exports no KV")
 
     # ---- (c) a request ended (finished, aborted, failed, refused at admission) ----------------

@@ -38,9 +38,9 @@ class KVHandle:
     """Identifies this handle in its slot (random, never 0: a free slot holds 0, and a stale
     handle never matches a reused slot)."""
     blocks: list[int]
-    """Staging block ids holding positions [0, num_tokens) in order."""
+    """Staging block ids holding positions [first_block * block_size, num_tokens) in order."""
     num_tokens: int
-    """Tokens whose K/V are in the blocks (the prompt)."""
+    """Tokens whose K/V the handoff stands for (the prompt)."""
     block_size: int
     deadline: float
     """Wall-clock time (time.time()) after which the owner frees the blocks."""
@@ -57,6 +57,10 @@ class KVHandle:
     """Log-probability of the first token (when logprobs were requested)."""
     export_seconds: float = 0.0
     """Time the context side spent copying the blocks out."""
+    first_block: int = 0
+    """The prompt's first block in `blocks`: a sliding-window model's context side frees the blocks
+    no later token can see before the handoff (KVCacheManager.free_out_of_window), so only the
+    blocks from this one on travel; the generation side's window must never read the others."""
     extra: dict = field(default_factory=dict)
     secret: str = ""
     """This handoff's secret (128 random bits, hex): the connector hands the blocks only to
@@ -104,7 +108,7 @@ class KVHandle:
         for name in ("request_id", "location", "secret", "mac"):
             if not isinstance(getattr(self, name), str) or len(getattr(self, name)) > 4096:
                 raise TypeError(f"{name} must be a string")
-        for name in ("slot", "nonce", "num_tokens", "block_size", "nbytes", "first_token", "seed"):
+        for name in ("slot", "nonce", "num_tokens", "block_size", "nbytes", "first_token", "seed", "first_block"):
             if not _is_int(getattr(self, name)):
                 raise TypeError(f"{name} must be an integer")
         for name in ("deadline", "cum_logprob", "export_seconds"):

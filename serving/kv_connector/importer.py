@@ -87,9 +87,10 @@ class KVImporter(KVConnector):
         if not 0 < n == len(handle.prompt_token_ids) or n >= max_seq_len:
             problems.append(f"num_tokens={n} for {len(handle.prompt_token_ids)} prompt ids "
                             f"(max_seq_len {max_seq_len})")
-        if len(handle.blocks) != -(-n // self.block_size) or len(set(handle.blocks)) != len(handle.blocks) \
-                or any(b < 0 for b in handle.blocks):
-            problems.append(f"{len(handle.blocks)} blocks for {n} tokens")
+        n_blocks = -(-n // self.block_size) - handle.first_block  # first_block: checked by the scheduler's window
+        if not 0 <= handle.first_block < -(-n // self.block_size) or len(handle.blocks) != n_blocks \
+                or len(set(handle.blocks)) != len(handle.blocks) or any(b < 0 for b in handle.blocks):
+            problems.append(f"{len(handle.blocks)} blocks for {n} tokens (from block {handle.first_block})")
         if not 0 <= handle.first_token < vocab_size:
             problems.append(f"first_token={handle.first_token} outside the vocabulary (0..{vocab_size - 1})")
         if any(not 0 <= t < vocab_size for t in handle.prompt_token_ids):

@@ -8,11 +8,12 @@ where used:
 
 `save_kv` copies a finished prefill's blocks from the context engine's pool into free staging
 blocks and publishes a signed handle in a free slot (secret[slot], then state[slot] = nonce); the
-context engine can then free its pool blocks at once. The generation process maps the segment by
-path (0600: this user's processes only), checks the slot holds the handle's nonce and secret and
-was not taken yet, copies the staging blocks into its own pool and writes ack[slot] = nonce. The
-owner's `poll` frees the staging blocks of every acknowledged handle, and of every handle past its
-deadline (state[slot] = 0 first).
+context engine can then free its pool blocks at once. A sliding-window model's prefill may have
+freed its leading blocks already: only the live ones are staged (the handle's first_block). The
+generation process maps the segment by path (0600: this user's processes only), checks the slot
+holds the handle's nonce and secret and was not taken yet, copies the staging blocks into its own
+pool and writes ack[slot] = nonce. The owner's `poll` frees the staging blocks of every
+acknowledged handle, and of every handle past its deadline (state[slot] = 0 first).
 
 Why this is safe without locks: only the owner writes `state`, only importers write `ack`, both
 as aligned 8-byte stores. An importer checks state[slot] == nonce before *and after* its copy: a
@@ -42,6 +43,7 @@ import numpy as np
 import torch
 
 from trtforge.config.runtime import Phase
+from trtforge.serving.core.kv_cache_manager import FREED_BLOCK
 from trtforge.serving.kv_connector import auth
 from trtforge.serving.kv_connector.base import HandoffStats, KVConnector
 from trtforge.serving.kv_connector.handle import HandoffError, KVHandle
@@ -144,6 +146,19 @@ class _Segment:
         return same and int(self.state[slot]) == handle.nonce
 
 
+def live_blocks(block_ids: list[int]) -> tuple[int, list[int]]:
+    """(index of the first live entry, the live entries) of a block table whose leading entries may
+    be FREED_BLOCK (out of the sliding window); ValueError for a freed entry after a live one."""
+    first = 0
+    while first < len(block_ids) and block_ids[first] == FREED_BLOCK:
+        first += 1
+    live = block_ids[first:]
+    if FREED_BLOCK in live or first == len(block_ids):
+        raise ValueError(f"cannot hand over a block table whose freed entries are not exactly its leading "
+                         f"ones, or that has no live block: {block_ids}")
+    return first, live
+
+
 def _copy_blocks(dst: list[torch.Tensor], dst_blocks: list[int], src: list[torch.Tensor],
                  src_blocks: list[int]) -> None:
     src_idx = torch.tensor(src_blocks, dtype=torch.long)
@@ -213,8 +228,11 @@ class SharedMemoryExporter(KVConnector):
 
     def save_kv(self, request_id: str, block_ids: list[int], num_tokens: int, **state: Any) -> KVHandle:
         """Copy `block_ids` of the engine's pool into free staging blocks and publish a handle
-        (KVConnector.save_kv). HandoffError when the staging area or the control table is full."""
+        (KVConnector.save_kv). HandoffError when the staging area or the control table is full.
+        Leading FREED_BLOCK entries (blocks freed out of the sliding window) are not sent: the
+        handle's first_block says where its blocks start."""
         self.poll()
+        first, block_ids = live_blocks(block_ids)
         n = len(block_ids)
         if n > len(self._free_blocks) or not self._free_slots:
             raise HandoffError(
@@ -231,7 +249,7 @@ class SharedMemoryExporter(KVConnector):
         handle = KVHandle(request_id=request_id, location=self.location, slot=slot, nonce=nonce,
                           blocks=blocks, num_tokens=num_tokens, block_size=self.block_size,
                           deadline=deadline, nbytes=nbytes, export_seconds=seconds, secret=secret,
-                          **state).sign(self.key)
+                          first_block=first, **state).sign(self.key)
         with self._lock:
             self._live[slot] = _Live(nonce, blocks, deadline, secret, handle.mac)
         self.segment.secrets[slot] = np.frombuffer(bytes.fromhex(secret), dtype=np.uint8)

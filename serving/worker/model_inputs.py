@@ -7,6 +7,12 @@ the end of its sequence contributes one row of logits — a verification chunk (
 decoding: its last token + k drafts) one row per token, k + 1 rows, in order. A prefill chunk of a
 request asking for prompt logprobs (`prompt_positions`) also contributes the rows of its prompt
 positions still to score, after every sampling row (serving/prompt_logprobs.py).
+
+Sliding window: a table's leading entries may be FREED_BLOCK (-1), blocks released because they fell
+out of every layer's window (serving/core/kv_cache_manager.py). No attention implementation reads
+them (each starts at its window), but the tensor gets block 0 there, as in the padding, so that no
+consumer — a kernel, the CPU decode plan, a tensor-parallel message's bounds check, a CUDA graph's
+static table — ever holds a negative block id. A new token never lands in a freed block.
 """
 
 from __future__ import annotations
@@ -16,6 +22,7 @@ from dataclasses import dataclass, field
 import torch
 
 from trtforge.plugins.paged_attention.metadata import AttentionMetadata
+from trtforge.serving.core.kv_cache_manager import FREED_BLOCK
 from trtforge.serving.core.scheduler import SchedulerOutput
 from trtforge.serving.core.sequence import SeqId
 
@@ -67,12 +74,15 @@ def prepare_inputs(out: SchedulerOutput, block_size: int, device: torch.device |
         start, n, table = chunk.start, chunk.num_tokens, chunk.block_table
         end = start + n
         ids.extend(chunk.token_ids)
+        if table[start // block_size] == FREED_BLOCK:
+            raise RuntimeError(f"sequence {chunk.seq_id}: its chunk at position {start} would write into a block "
+                               "freed out of the sliding window (a scheduler bug)")
         for p in range(start, end):
             positions.append(p)
             slots.append(table[p // block_size] * block_size + p % block_size)
         seq_lens.append(end)
         starts.append(starts[-1] + n)
-        tables.append(table)
+        tables.append([0 if b == FREED_BLOCK else b for b in table] if table[0] == FREED_BLOCK else table)
         wanted = prompt_positions.get(chunk.seq_id) if prompt_positions and not chunk.is_decode else None
         if wanted is not None:
             lo, hi = max(start, wanted[0]), min(end, wanted[1])
