@@ -13,6 +13,9 @@ not called, so a decode step reads only the selected experts' weights (each expe
 MLP of models/mlp.py: its linears are the kernels the registry chose, CpuLinear's packed GEMM or
 QuantLinear's int8/int4 kernels, built by models/layers.py like the dense MLP's). A token's k expert outputs
 are summed in its top-k order (transformers adds them in expert order: float32 results differ by rounding).
+On CPU a decode step runs this same algorithm as C calls inside the CPU decode plan
+(serving/worker/cpu_decode_plan.py, kernels in plugins/cpu/fused.c with this module as their reference); this
+path serves prefill chunks, mixed steps and every other device.
 
 `forward_reference` is the obvious formula beside it, the fast path's oracle (tests/models/test_moe_block.py):
 every expert on every token, combined by a dense [T, E] matrix of routing weights (zero where a token did

@@ -10,7 +10,10 @@ layer, which adds the bytes of the weights (packed layouts, int8 codes and scale
 ran; an expert no token chose never runs and is not counted. The bound is those bytes plus the KV read by
 attention, divided by the machine's copy bandwidth measured just before (bytes read + written per second,
 STREAM's counting, as scripts/bench_quant.py). Times are the median decode step of the best of --repeats
-runs (the machine may be shared: the least disturbed run).
+runs (the machine may be shared: the least disturbed run). Decode steps run the CPU decode plan
+(serving/worker/cpu_decode_plan.py: MoE layers as C calls) where the engine has one; the same steps through
+the network's modules (the plan switched off) are measured in the same run as the baseline ("modules"). The
+hooks count bytes on a step through the modules (the plan calls no module); both paths route alike.
 """
 
 from __future__ import annotations
@@ -33,6 +36,7 @@ from trtforge.config.sampling import SamplingParams
 from trtforge.models.kv_sizing import kv_bytes_per_token
 from trtforge.models.layers import TiedLMHead
 from trtforge.models.quantized_layers import QuantLinear
+from trtforge.plugins import native
 from trtforge.plugins.cpu.linear import CpuLinear
 from trtforge.serving.engine import LLMEngine
 
@@ -103,7 +107,8 @@ def decode_steps(engine: LLMEngine, batch: int, seed: int) -> list[float]:
 def bytes_read_per_step(engine: LLMEngine, batch: int, seed: int) -> tuple[float, int, list]:
     """(mean weight bytes a decode step reads, bytes of every linear layer's weights, the (layer, input) calls of
     the last decode step): counted by hooks."""
-    net = engine.executor.network
+    ex = engine.executor
+    net = ex.network
     linears = [m for m in net.modules() if isinstance(m, (CpuLinear, QuantLinear, TiedLMHead, nn.Linear))]
     read, calls = [0], []
 
@@ -111,7 +116,7 @@ def bytes_read_per_step(engine: LLMEngine, batch: int, seed: int) -> tuple[float
         read[0] += _tensor_bytes(module)
         calls.append((module, args[0].clone()))
     hooks = [m.register_forward_hook(count) for m in linears]
-    per_step = []
+    per_step, plan, ex.cpu_plan = [], ex.cpu_plan, None  # the modules' path: the hooks see every linear
     try:
         _submit(engine, batch, seed)
         while engine.has_unfinished():
@@ -120,6 +125,7 @@ def bytes_read_per_step(engine: LLMEngine, batch: int, seed: int) -> tuple[float
             engine.step()
             per_step.append(read[0])
     finally:
+        ex.cpu_plan = plan
         for h in hooks:
             h.remove()
     return statistics.mean(per_step[1:]), sum(_tensor_bytes(m) for m in linears), list(calls)
@@ -140,15 +146,23 @@ def linears_alone(calls: list) -> float:
 
 def bench(engine_dir: Path, batch: int, repeats: int) -> dict:
     engine = LLMEngine.from_engine_dir(engine_dir)
-    cfg = engine.engine_config
+    cfg, ex = engine.engine_config, engine.executor
+    plan = ex.cpu_plan
     decode_steps(engine, batch, seed=99)  # warm-up: kernels built, pages mapped
     weights, all_weights, calls = bytes_read_per_step(engine, batch, seed=1)
-    best, best_bw = float("inf"), 0.0
+    best, best_bw, modules = float("inf"), 0.0, float("inf")
     for _ in range(repeats):
         bw = copy_bandwidth(512 << 20)["best_bytes_per_s"]
         step = statistics.median(decode_steps(engine, batch, seed=1))  # the same tokens as counted
         if step < best:
             best, best_bw = step, bw
+        if plan is not None:  # the baseline: the same steps through the network's modules
+            ex.cpu_plan = None
+            try:
+                modules = min(modules, statistics.median(decode_steps(engine, batch, seed=1)))
+            finally:
+                ex.cpu_plan = plan
+    modules = best if plan is None else modules
     alone = linears_alone(calls)
     kv = kv_bytes_per_token(cfg.model, cfg.dtype, cfg.kv_cache_dtype) * (PROMPT_LEN + STEPS // 2) * batch
     bound = (weights + kv) / best_bw
@@ -157,9 +171,20 @@ def bench(engine_dir: Path, batch: int, repeats: int) -> dict:
             "experts": cfg.model.num_experts, "top_k": cfg.model.num_experts_per_tok,
             "weight_bytes_read_per_step": weights, "kv_bytes_read_per_step": kv,
             "weight_bytes_all_experts": all_weights, "copy_GBps_at_best": best_bw / 1e9,
-            "decode_ms": 1e3 * best, "bound_ms": 1e3 * bound, "ratio": best / bound,
+            "decode_ms": 1e3 * best, "bound_ms": 1e3 * bound, "ratio": best / bound, "plan": plan is not None,
+            "modules_ms": 1e3 * modules, "modules_ratio": modules / bound,
             "linear_calls_per_step": len(calls), "linears_alone_ms": 1e3 * alone,
             "threads": torch.get_num_threads(), "loadavg_1m": os.getloadavg()[0]}
+
+
+def _cpu_model() -> str:
+    try:
+        with open("/proc/cpuinfo") as f:
+            return next(line.split(":", 1)[1].strip() for line in f if line.startswith("model name"))
+    except (OSError, StopIteration):
+        import platform
+
+        return platform.processor() or "unknown"
 
 
 def main() -> None:
@@ -171,6 +196,8 @@ def main() -> None:
     ap.add_argument("--json")
     args = ap.parse_args()
     rows = []
+    print(f"CPU: {_cpu_model()}; kernels built for {native.isa()}; torch threads {torch.get_num_threads()}",
+          flush=True)
     with tempfile.TemporaryDirectory(prefix="bench-moe-") as tmp:
         ckpt = make_checkpoint(Path(tmp) / "ckpt", args.arch)
         for scheme in args.schemes.split(","):
@@ -182,7 +209,9 @@ def main() -> None:
             for batch in args.batch or [1, 4]:
                 r = bench(out, batch, args.repeats)
                 rows.append(r)
-                print(f"{args.arch} {r['scheme']:>8} batch {batch:>2}: decode {r['decode_ms']:.2f} ms/step, reads "
+                print(f"{args.arch} {r['scheme']:>8} batch {batch:>2}: decode {r['decode_ms']:.2f} ms/step "
+                      f"({'decode plan' if r['plan'] else 'modules, no plan'}; modules {r['modules_ms']:.2f} ms = "
+                      f"{r['modules_ratio']:.2f}x), reads "
                       f"{r['weight_bytes_read_per_step'] / 1e6:.1f} MB weights (all experts: "
                       f"{r['weight_bytes_all_experts'] / 1e6:.1f} MB) + {r['kv_bytes_read_per_step'] / 1e6:.2f} MB "
                       f"KV; bound {r['bound_ms']:.2f} ms at {r['copy_GBps_at_best']:.1f} GB/s copy -> ratio "

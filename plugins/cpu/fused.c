@@ -119,3 +119,102 @@ void trtforge_rope(float *x, const float *cos, const float *sin, int64_t tokens,
         }
     }
 }
+
+/* ---- Mixture-of-Experts decode (serving/worker/cpu_decode_plan.py runs an MoE layer with these) -------------
+ * Their torch reference is models/moe.py (`route`, `SparseMoE._grouped`, `_add_shared`), step for step:
+ *   route:   softmax of the router logits, the k most probable experts (ties: the lower id), renormalised over
+ *            the k where `normalize`; the (token, slot) pairs counted per expert and numbered in expert order
+ *            (stable: token order within an expert), so each expert's tokens are one contiguous run
+ *   gather:  the tokens' rows in that order, one run per expert, for the experts' GEMMs
+ *   combine: each token's k expert outputs weighted and summed in its top-k order, + sigmoid(gate) * shared */
+
+/* Per-head RMSNorm in place (Qwen3's q/k norms): the head_dim floats of head h < heads of token t, at
+ * x + t * token_stride + h * head_dim, normalised with `weight` [head_dim] as trtforge_rms_norm does a row. */
+void trtforge_head_rms_norm(float *x, const float *weight, int64_t tokens, int64_t heads, int64_t token_stride,
+                            int64_t head_dim, float eps) {
+    for (int64_t t = 0; t < tokens; t++)
+        for (int64_t h = 0; h < heads; h++) {
+            float *row = x + t * token_stride + h * head_dim;
+            rms_norm_row(row, NULL, weight, row, head_dim, eps);
+        }
+}
+
+/* logits [tokens, experts] -> weights [tokens, k] (float32), ids [tokens, k] (expert of each pair, top-k order),
+ * counts [experts] (pairs per expert), position [tokens * k] (pair p's place in expert order), sorted_token
+ * [tokens * k] (the token of the pair at each place). A NaN logit is never chosen over a number. */
+void trtforge_moe_route(const float *logits, int64_t tokens, int64_t experts, int64_t k, int64_t normalize,
+                        float *weights, int64_t *ids, int64_t *counts, int64_t *position, int64_t *sorted_token) {
+    for (int64_t t = 0; t < tokens; t++) {
+        const float *l = logits + t * experts;
+        float m = l[0];
+        for (int64_t e = 1; e < experts; e++) m = l[e] > m ? l[e] : m;
+        float sum = 0.0f;
+        for (int64_t e = 0; e < experts; e++) sum += expf(l[e] - m);
+        int64_t *chosen = ids + t * k;
+        float *w = weights + t * k, total = 0.0f;
+        for (int64_t j = 0; j < k; j++) {
+            int64_t best = -1;
+            for (int64_t e = 0; e < experts; e++) {
+                int taken = 0;
+                for (int64_t i = 0; i < j; i++) taken |= chosen[i] == e;
+                if (!taken && (best < 0 || l[e] > l[best] || (l[best] != l[best] && l[e] == l[e]))) best = e;
+            }
+            chosen[j] = best;
+            w[j] = expf(l[best] - m) / sum;
+            total += w[j];
+        }
+        if (normalize)
+            for (int64_t j = 0; j < k; j++) w[j] = w[j] / total;
+    }
+    /* counting sort of the pairs by expert: counts -> starts -> (numbering) ends -> counts again */
+    const int64_t pairs = tokens * k;
+    for (int64_t e = 0; e < experts; e++) counts[e] = 0;
+    for (int64_t p = 0; p < pairs; p++) counts[ids[p]]++;
+    int64_t start = 0;
+    for (int64_t e = 0; e < experts; e++) {
+        const int64_t n = counts[e];
+        counts[e] = start;
+        start += n;
+    }
+    for (int64_t p = 0; p < pairs; p++) {
+        position[p] = counts[ids[p]]++;
+        sorted_token[position[p]] = p / k;
+    }
+    for (int64_t e = experts - 1; e > 0; e--) counts[e] -= counts[e - 1];
+}
+
+/* out[i] = x[rows[i]] for i < n (rows of dim floats). */
+void trtforge_gather_rows(const float *x, const int64_t *rows, int64_t n, int64_t dim, float *out) {
+    for (int64_t i = 0; i < n; i++) {
+        const float *src = x + rows[i] * dim;
+        float *dst = out + i * dim;
+        for (int64_t c = 0; c < dim; c++) dst[c] = src[c];
+    }
+}
+
+/* out[t] = sum over j < k, in order, of weights[t, j] * ys[position[t * k + j]]  (rows of dim floats; ys in
+ * expert order), then, with a shared expert (shared [tokens, dim] and its gate's logit shared_gate [tokens]),
+ * out[t] += sigmoid(shared_gate[t]) * shared[t] — models/moe.py's order of operations. */
+void trtforge_moe_combine(const float *ys, const int64_t *position, const float *weights, int64_t tokens, int64_t k,
+                          int64_t dim, const float *shared, const float *shared_gate, float *out) {
+#pragma omp parallel for schedule(static) if (tokens > 1 && tokens * k * dim >= PARALLEL_FLOATS)
+    for (int64_t t = 0; t < tokens; t++) {
+        float *o = out + t * dim;
+        const float s = shared ? 1.0f / (1.0f + expf(-shared_gate[t])) : 0.0f;
+        int64_t i = 0;
+        for (; i + WIDE <= dim; i += WIDE) {
+            vw acc = vw_splat(weights[t * k]) * vw_load(ys + position[t * k] * dim + i);
+            for (int64_t j = 1; j < k; j++)
+                acc = acc + vw_splat(weights[t * k + j]) * vw_load(ys + position[t * k + j] * dim + i);
+            if (shared) acc = acc + vw_splat(s) * vw_load(shared + t * dim + i);
+            vw_store(o + i, acc);
+        }
+        for (; i < dim; i += 8) {
+            v8f acc = v8_splat(weights[t * k]) * v8_load(ys + position[t * k] * dim + i);
+            for (int64_t j = 1; j < k; j++)
+                acc = acc + v8_splat(weights[t * k + j]) * v8_load(ys + position[t * k + j] * dim + i);
+            if (shared) acc = acc + v8_splat(s) * v8_load(shared + t * dim + i);
+            v8_store(o + i, acc);
+        }
+    }
+}

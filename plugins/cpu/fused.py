@@ -26,7 +26,12 @@ from trtforge.plugins import native
 _P, _I, _F = ctypes.c_void_p, ctypes.c_int64, ctypes.c_float
 _SIGNATURES = {"trtforge_rms_norm": (None, [_P, _P, _P, _P, _I, _I, _F]),
                "trtforge_silu_mul": (None, [_P, _P, _I, _I]),
-               "trtforge_rope": (None, [_P, _P, _P, _I, _I, _I, _I])}
+               "trtforge_rope": (None, [_P, _P, _P, _I, _I, _I, _I]),
+               # Mixture-of-Experts decode (the CPU decode plan's MoE layers; references in models/moe.py)
+               "trtforge_head_rms_norm": (None, [_P, _P, _I, _I, _I, _I, _F]),
+               "trtforge_moe_route": (None, [_P, _I, _I, _I, _I, _P, _P, _P, _P, _P]),
+               "trtforge_gather_rows": (None, [_P, _P, _I, _I, _P]),
+               "trtforge_moe_combine": (None, [_P, _P, _P, _I, _I, _I, _P, _P, _P])}
 LIBRARY = native.NativeLibrary(Path(__file__).with_name("fused.c"), _SIGNATURES, extra_flags=("-fopenmp",))
 """-fopenmp: a big batch's rows go over torch's OpenMP threads (the same libgomp, so its thread count)."""
 library = LIBRARY.get  # the library, or None where it cannot be built (then the torch path runs)
@@ -77,3 +82,20 @@ def rope_heads_(qkv: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, heads: 
     LIBRARY.lib.trtforge_rope(qkv.data_ptr(), cos.data_ptr(), sin.data_ptr(), tokens, heads,  # type: ignore[union-attr]
                            num_heads * head_dim, head_dim)
     return True
+
+
+def moe_route(logits: torch.Tensor, k: int, normalize: bool) -> dict[str, torch.Tensor]:
+    """The C router (`trtforge_moe_route`) on float32 logits [T, E]: {"weights" [T, k], "ids" [T, k] (as
+    models/moe.py `route`), "counts" [E], "position" [T·k] (each (token, slot) pair's place in expert order),
+    "sorted_token" [T·k] (the token at each place)}. The CPU decode plan calls the kernel on its own buffers;
+    this wrapper is for tests. Raises RuntimeError where the kernels cannot be built."""
+    lib = library()
+    if lib is None:
+        raise RuntimeError("the fused C kernels are not available (plugins/native.py)")
+    logits = logits.float().contiguous()
+    t, e = logits.shape
+    out = {"weights": torch.empty(t, k), "ids": torch.empty(t, k, dtype=torch.int64),
+           "counts": torch.empty(e, dtype=torch.int64), "position": torch.empty(t * k, dtype=torch.int64),
+           "sorted_token": torch.empty(t * k, dtype=torch.int64)}
+    lib.trtforge_moe_route(logits.data_ptr(), t, e, k, int(normalize), *(v.data_ptr() for v in out.values()))
+    return out

@@ -21,8 +21,8 @@ as the op's multi-token (prefill) path does.
 Like `CudaGraphRunner`, the executor asks `can_run` per step and falls back to the network for
 everything else (prefill chunks, mixed steps, more than `MAX_ROWS` tokens — `GEMV_MAX_ROWS` for an
 engine with float-activation quantized linears — and long contexts). Only
-Llama-style networks qualify (RMSNorm, gated SiLU MLP, whole-head RoPE, no q/k norm, none of the
-Gemma / Phi-3 switches: `ModelConfig.switches_beyond_llama`); others keep the network path.
+Llama-style networks qualify (RMSNorm, gated SiLU MLP or MoE experts, whole-head RoPE, q/k norms allowed, none
+of the Gemma / Phi-3 switches: `ModelConfig.switches_beyond_llama`); others keep the network path.
 Results equal the network's up to float32 rounding (tests/serving/worker/test_cpu_decode_plan.py).
 Weight-only quantized engines run the same plan with the quantized GEMV (plugins/cpu/quant_linear.c)
 for their decoder linears (QuantLinear) and their LM head when it is quantized too (a tied one also
@@ -35,16 +35,26 @@ permutation gathers the input into a scratch buffer first (`trtforge_gather_colu
 subtract their correction from the GEMV's output after it (`trtforge_zero_point_correction`, both in
 quant_linear.c) — one Python closure per such layer wrapping the three calls; layers without them keep
 their single GEMV call.
+
+Mixture-of-Experts layers (Mixtral, Qwen2-MoE, Qwen3-MoE: models/moe.py) run here too, the grouped path of
+`SparseMoE` as C calls (plugins/cpu/fused.c): the router GEMV → `trtforge_moe_route` (softmax, top-k, the
+(token, slot) pairs numbered in expert order) → `trtforge_gather_rows` (each expert's tokens one contiguous
+run) → per expert some token chose, its gate_up GEMV, SiLU·mul and down GEMV on its run of rows (an expert no
+token chose is not called: its weights are not read) → `trtforge_moe_combine` (each token's k outputs weighted
+and summed in top-k order, plus Qwen2-MoE's sigmoid-gated shared expert). The only host read of a layer is its
+expert counts. Qwen3's q/k norms (per-head RMSNorm before RoPE) are one `trtforge_head_rms_norm` call each.
 """
 
 from __future__ import annotations
 
 import ctypes
+from collections.abc import Callable
 from typing import Any
 
 import torch
 
 from trtforge.models.layers import TiedLMHead
+from trtforge.models.moe import SparseMoE
 from trtforge.models.quantized_layers import QuantLinear
 from trtforge.models.rope import rotary_cos_sin
 from trtforge.plugins.cpu import fused as cpu_fused, linear as cpu_linear, quant_linear as cpu_quant
@@ -68,17 +78,23 @@ def _plan_linear(m: Any, head: bool = False) -> bool:
     return isinstance(m, (CpuLinear, TiedLMHead)) and m.packed is not None
 
 
-def _quant_gemv(lin: QuantLinear, x: int, t: int, y: int) -> tuple:
-    """The call tuple (function, arguments but threads) of the quantized GEMV of `lin`: the
-    int8-activation kernel where the layer uses it (`lin.a8`), as QuantLinear runs it.
-    Every GEMV of the plan returns None or 0; an int8-activation one nonzero when out of memory."""
+def _quant_parts(lin: QuantLinear) -> tuple[Any, tuple, tuple]:
+    """(function, weight arguments, shape arguments) of the quantized GEMV of `lin`, called as
+    function(x, rows, *weights, y, *shape, threads): the int8-activation kernel where the layer uses it
+    (`lin.a8`), as QuantLinear runs it."""
     if lin.vnni is not None:  # packed for the AVX-512 VNNI GEMM (QuantLinear.pack_weights)
-        bias = _ptr(lin.bias)
-        return (cpu_quant.LIBRARY.lib.trtforge_gemm_int8_vnni, x, t, lin.vnni[0].data_ptr(), lin.vnni[1].data_ptr(),
-                lin.scales.data_ptr(), bias, y, lin.out_features, lin.in_features)
-    fn = cpu_quant.gemv_function(lin.scheme, lin.a8)
-    args = (x, t, lin.qweight.data_ptr(), lin.scales.data_ptr(), _ptr(lin.bias), y, lin.out_features, lin.in_features)
-    return (fn, *args) if lin.scheme == "int8_wo" else (fn, *args, lin.group)
+        return (cpu_quant.LIBRARY.lib.trtforge_gemm_int8_vnni, (lin.vnni[0].data_ptr(), lin.vnni[1].data_ptr(),
+                lin.scales.data_ptr(), _ptr(lin.bias)), (lin.out_features, lin.in_features))
+    shape = (lin.out_features, lin.in_features) + (() if lin.scheme == "int8_wo" else (lin.group,))
+    return (cpu_quant.gemv_function(lin.scheme, lin.a8), (lin.qweight.data_ptr(), lin.scales.data_ptr(),
+            _ptr(lin.bias)), shape)
+
+
+def _quant_gemv(lin: QuantLinear, x: int, t: int, y: int) -> tuple:
+    """The call tuple (function, arguments but threads) of the quantized GEMV of `lin` (`_quant_parts`).
+    Every GEMV of the plan returns None or 0; an int8-activation one nonzero when out of memory."""
+    fn, weights, shape = _quant_parts(lin)
+    return (fn, x, t, *weights, y, *shape)
 
 
 def _with_extras(lin: QuantLinear, x: int, t: int, y: int, gathered: int | None) -> tuple:
@@ -108,10 +124,39 @@ def _with_extras(lin: QuantLinear, x: int, t: int, y: int, gathered: int | None)
     return (call,)
 
 
+def _mlp_linears(mlp: Any) -> list[Any]:
+    """A layer's feed-forward linears: gate_up, down; an MoE block's router, every expert's gate_up and down,
+    and the shared expert's gate_up, down and gate."""
+    if not isinstance(mlp, SparseMoE):
+        return [mlp.gate_up, mlp.down]
+    shared = [] if mlp.shared_expert is None else [mlp.shared_expert.gate_up, mlp.shared_expert.down,
+                                                   mlp.shared_expert_gate]
+    return [mlp.router, *(m for e in mlp.experts for m in (e.gate_up, e.down)), *shared]
+
+
+def _rows_gemv(lin: Any, packed_linear: Any, gathered: int | None) -> Callable[[int, int, int, int], Any]:
+    """f(x, rows, y, threads): the GEMV of `lin` on `rows` rows at address x into y — an MoE expert's run
+    of tokens, whose row count is known only once the step is routed. Returns what the kernel returns."""
+    if not isinstance(lin, QuantLinear):
+        w, bias, n, k = lin.packed.data_ptr(), _ptr(lin.bias), lin.out_features, lin.in_features
+        return lambda x, rows, y, threads: packed_linear(x, rows, w, bias, y, n, k, threads)
+    if lin.zeros is not None or lin.perm is not None:  # pre-quantized extras: the closure of `_with_extras`
+        return lambda x, rows, y, threads: _with_extras(lin, x, rows, y, gathered)[0](threads)
+    fn, weights, shape = _quant_parts(lin)
+    return lambda x, rows, y, threads: fn(x, rows, *weights, y, *shape, threads)
+
+
 def _linears(network: Any) -> list[Any]:
-    """The linears the plan calls: the LM head, then each layer's qkv, o_proj, gate_up, down."""
+    """The linears the plan calls: the LM head, then each layer's qkv, o_proj and feed-forward linears."""
     return [network.head] + [m for layer in network.layers for m in (
-        layer.attn.qkv, layer.attn.o_proj, layer.mlp.gate_up, layer.mlp.down)]
+        layer.attn.qkv, layer.attn.o_proj, *_mlp_linears(layer.mlp))]
+
+
+def _gated_mlps(mlp: Any) -> list[Any]:
+    """The gated MLPs of a layer's feed-forward block: itself, or an MoE block's experts and shared expert."""
+    if not isinstance(mlp, SparseMoE):
+        return [mlp]
+    return [*mlp.experts, *([] if mlp.shared_expert is None else [mlp.shared_expert])]
 
 
 MAX_ROWS = 256
@@ -137,6 +182,58 @@ def _failed(kind: str) -> None:
     raise MemoryError(f"CPU decode plan: the quantised {kind} GEMV could not allocate its int8 activation rows")
 
 
+class _MoECalls:
+    """One MoE layer of a step of t tokens on the plan's buffers (module docstring): router GEMV ("h" → "logits")
+    → route → gather ("h" → "moe_x", expert order) → per chosen expert gate_up, SiLU·mul, down on its run of
+    rows ("moe_x" → "moe_y") → [shared expert, "h" → "shared_y"; its gate → "shared_gate"] → combine → "x"."""
+
+    def __init__(self, moe: SparseMoE, t: int, p: dict[str, int], gemv: Callable[..., tuple], libs: tuple[Any, Any],
+                 counts: torch.Tensor, gathered: int | None):
+        fused, linear = libs
+        hidden, k, experts = moe.router.in_features, moe.top_k, len(moe.experts)
+        self.counts, self.silu = counts, fused.trtforge_silu_mul
+        self.router = gemv("h", moe.router, "logits")
+        self.route = (fused.trtforge_moe_route, p["logits"], t, experts, k, int(moe.normalize), p["moe_w"],
+                      p["moe_ids"], counts.data_ptr(), p["moe_pos"], p["moe_tok"])
+        self.gather = (fused.trtforge_gather_rows, p["h"], p["moe_tok"], t * k, hidden, p["moe_x"])
+        self.experts = [(_rows_gemv(e.gate_up, linear.trtforge_packed_linear, gathered), e.gate_up.out_features // 2,
+                         _rows_gemv(e.down, linear.trtforge_packed_linear, gathered)) for e in moe.experts]
+        self.rows = (p["moe_x"], p["moe_gate_up"], p["moe_act"], p["moe_y"], 4 * hidden)
+        self.shared: tuple = ()
+        if moe.shared_expert is not None:
+            se = moe.shared_expert
+            self.shared = (gemv("h", se.gate_up, "gate_up"), gemv("act", se.down, "shared_y"),
+                           gemv("h", moe.shared_expert_gate, "shared_gate"))
+            self.shared_silu = (p["gate_up"], p["act"], t, se.gate_up.out_features // 2)
+        self.combine = (fused.trtforge_moe_combine, p["moe_y"], p["moe_pos"], p["moe_w"], t, k, hidden,
+                        p["shared_y"] if self.shared else None, p["shared_gate"] if self.shared else None, p["x"])
+
+    def run(self, threads: int) -> None:
+        if self.router[0](*self.router[1:], threads):
+            _failed("router")
+        self.route[0](*self.route[1:])
+        self.gather[0](*self.gather[1:])
+        xs, gate_up, act, ys, row = self.rows
+        start = 0  # first row of the expert's run
+        for (gate_up_gemv, width, down_gemv), n in zip(self.experts, self.counts.tolist()):
+            if n:  # an expert no token chose is not called
+                g, a = gate_up + 8 * width * start, act + 4 * width * start
+                if gate_up_gemv(xs + row * start, n, g, threads):
+                    _failed("expert gate_up")
+                self.silu(g, a, n, width)
+                if down_gemv(a, n, ys + row * start, threads):
+                    _failed("expert down")
+                start += n
+        if self.shared:
+            gate_up_call, down_call, gate_call = self.shared
+            for call, silu_after in ((gate_up_call, True), (down_call, False), (gate_call, False)):
+                if call[0](*call[1:], threads):
+                    _failed("shared expert")
+                if silu_after:
+                    self.silu(*self.shared_silu)
+        self.combine[0](*self.combine[1:])
+
+
 class CpuDecodePlan:
     """Pure-decode steps of up to `max_rows` tokens of a float32 Llama-style network on CPU."""
 
@@ -154,6 +251,12 @@ class CpuDecodePlan:
         self._gather_width = max((m.in_features for m in _linears(network)
                                   if isinstance(m, QuantLinear) and m.perm is not None), default=0)
         """Widest input an act-order layer gathers (its scratch buffer "gathered"; 0: none has a permutation)."""
+        moes = [layer.mlp for layer in network.layers if isinstance(layer.mlp, SparseMoE)]
+        self._moe = None if not moes else (moes[0].top_k, len(moes[0].experts),
+                                           max(e.gate_up.out_features // 2 for m in moes for e in m.experts))
+        """(top-k, experts, widest expert) of the MoE layers; None: a dense model."""
+        self._counts = torch.zeros(len(moes[0].experts) if moes else 0, dtype=torch.int64)
+        """An MoE layer's pairs per expert (trtforge_moe_route writes them; the step's one host read per layer)."""
 
     @classmethod
     def build(cls, network: Any, kv_caches: list[torch.Tensor],
@@ -168,11 +271,12 @@ class CpuDecodePlan:
         if getattr(network, "shard", None) is not None:  # a tensor-parallel rank: no place for the all-reduce
             return None
         llama_style = (c.norm == "rms" and c.gated_mlp and c.activation == "silu" and c.position == "rope"
-                       and not c.qk_norm and not c.switches_beyond_llama())
+                       and c.switches_beyond_llama() in ([], ["num_experts"]))  # MoE blocks and q/k norms: here too
         linears = _linears(network) if llama_style else []
         if not llama_style or not all(_plan_linear(m, head=i == 0) for i, m in enumerate(linears)):
             return None
-        if c.hidden_size % 8 or c.head_dim % 8 or c.intermediate_size % 8:
+        widths = [m.gate_up.out_features // 2 for layer in network.layers for m in _gated_mlps(layer.mlp)]
+        if c.hidden_size % 8 or c.head_dim % 8 or any(w % 8 for w in widths):
             return None
         libs = (cpu_fused.library(), cpu_linear.library(), cpu_native.library())
         quantized = any(isinstance(m, QuantLinear) for m in linears)
@@ -198,14 +302,22 @@ class CpuDecodePlan:
             return self._prepared[t]
         c, net = self.cfg, self.network
         qkv_width = (c.num_heads + 2 * c.num_kv_heads) * c.head_dim
+        dense = max([m.gate_up.out_features // 2 for layer in net.layers for m in _gated_mlps(layer.mlp)
+                     if not isinstance(layer.mlp, SparseMoE) or m is layer.mlp.shared_expert], default=8)
         shapes = {"x": c.hidden_size, "residual": c.hidden_size, "h": c.hidden_size, "o": c.hidden_size,
-                  "qkv": qkv_width, "attn": c.num_heads * c.head_dim, "gate_up": 2 * c.intermediate_size,
-                  "act": c.intermediate_size}
+                  "qkv": qkv_width, "attn": c.num_heads * c.head_dim, "gate_up": 2 * dense, "act": dense}
         if self._gather_width:
             shapes["gathered"] = self._gather_width
+        if self._moe is not None:  # an MoE layer's (token, slot) pairs: k rows per token
+            k, experts, width = self._moe
+            shapes.update({"logits": experts, "moe_w": k, "moe_x": k * c.hidden_size, "moe_gate_up": k * 2 * width,
+                           "moe_act": k * width, "moe_y": k * c.hidden_size, "shared_y": c.hidden_size,
+                           "shared_gate": 1, "moe_ids": (k, torch.int64), "moe_pos": (k, torch.int64),
+                           "moe_tok": (k, torch.int64)})
         if not self._buffers or self._buffers["x"].shape[0] < t:  # grow: every prepared pointer is stale
             rows = min(self.max_rows, -(-t // 16) * 16)
-            self._buffers = {name: torch.empty(rows, width) for name, width in shapes.items()}
+            specs = {name: w if isinstance(w, tuple) else (w, torch.float32) for name, w in shapes.items()}
+            self._buffers = {name: torch.empty(rows, w, dtype=dtype) for name, (w, dtype) in specs.items()}
             self._prepared.clear()
         buf = {name: b[:t] for name, b in self._buffers.items()}  # leading rows: contiguous
         p = {name: b.data_ptr() for name, b in buf.items()}
@@ -217,20 +329,32 @@ class CpuDecodePlan:
             return (self.linear.trtforge_packed_linear, p[x], t, lin.packed.data_ptr(),
                     _ptr(getattr(lin, "bias", None)), p[y], lin.out_features, lin.in_features)
 
-        calls = []  # per layer: (norm_in, qkv, o, norm_post, gate_up, silu, down)
+        row = (c.num_heads + 2 * c.num_kv_heads) * c.head_dim
+        calls = []  # per layer: (norm_in, qkv, q/k norms, o, norm_post, mlp: (gate_up, silu, down) or MoE calls)
         for i, layer in enumerate(net.layers):
             first = i == 0
+            qk_norms = () if not c.qk_norm else (  # Qwen3: per head, in place, before RoPE
+                (self.fused.trtforge_head_rms_norm, p["qkv"], layer.attn.q_norm.weight.data_ptr(), t, c.num_heads,
+                 row, c.head_dim, eps),
+                (self.fused.trtforge_head_rms_norm, p["qkv"] + 4 * c.num_heads * c.head_dim,
+                 layer.attn.k_norm.weight.data_ptr(), t, c.num_kv_heads, row, c.head_dim, eps))
+            if isinstance(layer.mlp, SparseMoE):
+                mlp: Any = _MoECalls(layer.mlp, t, p, gemv, (self.fused, self.linear), self._counts,
+                                     p.get("gathered"))
+            else:
+                mlp = (gemv("h", layer.mlp.gate_up, "gate_up"),
+                       (self.fused.trtforge_silu_mul, p["gate_up"], p["act"], t, layer.mlp.gate_up.out_features // 2),
+                       gemv("act", layer.mlp.down, "x"))
             calls.append((
                 # layer 0: residual = embeddings (in "residual"), normalised as is; later layers add x first
                 (self.fused.trtforge_rms_norm, p["residual"] if first else p["x"], None if first else p["residual"],
                  layer.input_norm.weight.data_ptr(), p["h"], t, c.hidden_size, eps),
                 gemv("h", layer.attn.qkv, "qkv"),
+                qk_norms,
                 gemv("attn", layer.attn.o_proj, "o"),
                 (self.fused.trtforge_rms_norm, p["o"], p["residual"], layer.post_attn_norm.weight.data_ptr(),
                  p["h"], t, c.hidden_size, eps),
-                gemv("h", layer.mlp.gate_up, "gate_up"),
-                (self.fused.trtforge_silu_mul, p["gate_up"], p["act"], t, c.intermediate_size),
-                gemv("act", layer.mlp.down, "x"),
+                mlp,
             ))
         final = (self.fused.trtforge_rms_norm, p["x"], p["residual"], net.final_norm.weight.data_ptr(), p["h"], t,
                  c.hidden_size, eps)
@@ -264,10 +388,12 @@ class CpuDecodePlan:
             attention_fn = self.attention.trtforge_decode_attention_int8
             pools = [(p.data_ptr(), s.data_ptr()) for p, s in zip(self.kv_caches, self.kv_scales)]
         windows = [getattr(layer.attn, "window", 0) for layer in net.layers]  # sliding window per layer (0: full)
-        for (norm_in, qkv_call, o_call, norm_post, gate_up, silu, down), pool, window in zip(calls, pools, windows):
+        for (norm_in, qkv_call, qk_norms, o_call, norm_post, mlp), pool, window in zip(calls, pools, windows):
             norm_in[0](*norm_in[1:])
             if qkv_call[0](*qkv_call[1:], threads):
                 _failed("qkv")
+            for norm in qk_norms:
+                norm[0](*norm[1:])
             rope_fn(*rope)
             if attention_fn(qkv, row, k, row, v, row, *pool, num_blocks, block_size, *attention, window, threads):
                 raise ValueError(f"decode attention: a block id, slot or sequence length is out of range "
@@ -275,6 +401,10 @@ class CpuDecodePlan:
             if o_call[0](*o_call[1:], threads):
                 _failed("o_proj")
             norm_post[0](*norm_post[1:])
+            if type(mlp) is not tuple:  # an MoE layer
+                mlp.run(threads)
+                continue
+            gate_up, silu, down = mlp
             if gate_up[0](*gate_up[1:], threads):
                 _failed("gate_up")
             silu[0](*silu[1:])
