@@ -1,7 +1,8 @@
 """Speculative decoding: which proposer drafts tokens, how many, and when speculation backs off.
 
 vLLM's shape (`--speculative-config '{"method": "ngram", "num_speculative_tokens": 4,
-"prompt_lookup_max": 4, "prompt_lookup_min": 2}'`): one JSON object, read into this documented,
+"prompt_lookup_max": 4, "prompt_lookup_min": 2}'`, or `{"method": "draft_model", "model":
+"DRAFT_ENGINE_DIR", "num_speculative_tokens": 4}`): one JSON object, read into this documented,
 torch-free dataclass by `SpeculativeConfig.parse` (the CLI flag, a Triton parameter, a RuntimeConfig
 field). Unknown methods and unknown fields are refused with the list of what is known.
 
@@ -27,8 +28,8 @@ from typing import Any, ClassVar
 
 from trtforge.config.fields import field_docs
 
-METHODS = ("ngram",)
-"""Proposers implemented (vLLM's names); draft_model and eagle are not yet."""
+METHODS = ("ngram", "draft_model")
+"""Proposers implemented (vLLM's names); eagle and mtp heads are not yet."""
 
 NO_SPECULATION = "none"
 """The speculative_config that turns speculation off, whatever the engine's default (engine.json)
@@ -56,7 +57,12 @@ class SpeculativeConfig:
 
     method: str = "ngram"
     """The proposer: ngram (prompt lookup: the tokens that followed the latest earlier occurrence
-    of the sequence's last n tokens, in its own prompt + output)."""
+    of the sequence's last n tokens, in its own prompt + output) or draft_model (greedy decoding
+    of a smaller trtforge engine, `model`)."""
+    model: str | None = None
+    """draft_model: the draft's trtforge engine directory (same tokenizer and vocabulary as the
+    target; checked when the engine starts). A relative path is read from the working directory.
+    ngram: must be left out."""
     num_speculative_tokens: int = 4
     """Most draft tokens proposed per sequence and step (k); one verification step scores all of
     them and commits the accepted ones plus one token of its own."""
@@ -76,7 +82,14 @@ class SpeculativeConfig:
     def __post_init__(self) -> None:
         if self.method not in METHODS:
             raise ValueError(f"speculative method {self.method!r} is not supported: known methods are "
-                             f"{', '.join(METHODS)} (draft_model and eagle are not implemented yet)")
+                             f"{', '.join(METHODS)} (eagle and mtp are not implemented yet)")
+        if self.method == "draft_model" and (not isinstance(self.model, str) or not self.model.strip()):
+            raise ValueError(f"speculative config: method draft_model needs \"model\": the draft's trtforge engine "
+                             f"directory (got model={self.model!r}); e.g. "
+                             '{"method": "draft_model", "model": "DRAFT_ENGINE_DIR", "num_speculative_tokens": 4}')
+        if self.method != "draft_model" and self.model is not None:
+            raise ValueError(f"speculative config: model={self.model!r} is only read by method draft_model "
+                             f"(method is {self.method!r}): leave it out, or set \"method\": \"draft_model\"")
         for name in ("num_speculative_tokens", "prompt_lookup_max", "prompt_lookup_min",
                      "backoff_after_rejections"):
             value = getattr(self, name)

@@ -214,7 +214,7 @@ class LLMEngine:
         self.spec: SpecDecodeController | None = None
         """Speculative decoding's proposer and adaptive rule (None: one token per decode step)."""
         if speculation is not None:
-            self.spec = SpecDecodeController(speculation)
+            self.spec = SpecDecodeController(speculation, target=engine_config, runtime=runtime)
 
     @classmethod
     def from_engine_dir(cls, path: str | Path, runtime: RuntimeConfig | None = None,

@@ -1,7 +1,8 @@
 """Speculative decoding: propose draft tokens, verify them all in one target step, commit the
 accepted ones (docs/speculative-decoding.md).
 
-    Proposer (proposer.py: the seam; ngram.py: prompt lookup)   drafts d_1..d_k per decode
+    Proposer (proposer.py: the seam; ngram.py: prompt lookup;   drafts d_1..d_k per decode
+              draft_model.py: a smaller engine's greedy tokens, its own paged KV)
         │  SpecDecodeController (controller.py): who may propose, how many (the adaptive rule)
         ▼
     Scheduler: a decode with drafts is one chunk of 1 + k tokens (its last token + the drafts),
@@ -17,8 +18,8 @@ accepted ones (docs/speculative-decoding.md).
     Scheduler.update: commit accepted + one bonus/correction token; the rejected drafts' KV slots
         are rolled back in the block table (a block left empty is freed)
 
-A later draft-model or EAGLE/MTP proposer is another `Proposer`: it gets the same plain inputs
-(every candidate's committed tokens and how many drafts it may give) and returns token ids; one
-that keeps its own KV (a draft engine) also needs `forget` (a finished request) and the committed
-tokens of each step, which `SpecDecodeController.record` is the place to pass on.
+Every proposer gets the same plain inputs (every candidate's committed tokens and how many drafts
+it may give) and returns token ids; one that keeps its own KV (draft_model) finds what the target
+accepted by comparing those committed tokens with what its KV holds, and frees a request's KV on
+`forget`. An EAGLE/MTP head would also need the target's hidden states (docs/speculative-decoding.md).
 """

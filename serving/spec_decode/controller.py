@@ -13,9 +13,14 @@ The rule (SpeculativeConfig; docs/speculative-decoding.md):
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
 
 from trtforge.config.speculative import SpeculativeConfig
 from trtforge.serving.spec_decode.proposer import ProposalRequest, Proposer, make_proposer
+
+if TYPE_CHECKING:
+    from trtforge.config.runtime import RuntimeConfig
+    from trtforge.models.engine_dir import EngineConfig
 
 MAX_BACKOFF_STEPS = 64
 
@@ -53,9 +58,12 @@ class _Backoff:
 class SpecDecodeController:
     """Proposals under the adaptive rule, acceptance bookkeeping per request and in total."""
 
-    def __init__(self, config: SpeculativeConfig, proposer: Proposer | None = None):
+    def __init__(self, config: SpeculativeConfig, proposer: Proposer | None = None, *,
+                 target: EngineConfig | None = None, runtime: RuntimeConfig | None = None):
+        """`proposer` left out: the one config.method names, for the `target` engine (draft_model
+        checks its draft against it) on `runtime`'s device."""
         self.config = config
-        self.proposer = proposer or make_proposer(config)
+        self.proposer = proposer or make_proposer(config, target, runtime)
         self.stats = SpecDecodeStats(accepted_per_position=[0] * config.num_speculative_tokens)
         self._backoff: dict[str, _Backoff] = {}
 

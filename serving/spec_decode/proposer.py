@@ -4,9 +4,13 @@ target, no scheduler state), so the engine loop and the verification do not chan
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Protocol
+from typing import TYPE_CHECKING, Protocol
 
 from trtforge.config.speculative import SpeculativeConfig
+
+if TYPE_CHECKING:
+    from trtforge.config.runtime import RuntimeConfig
+    from trtforge.models.engine_dir import EngineConfig
 
 
 @dataclass
@@ -37,10 +41,21 @@ class Proposer(Protocol):
         """The request finished: drop whatever state the proposer keeps for it."""
 
 
-def make_proposer(config: SpeculativeConfig) -> Proposer:
-    """The proposer `config.method` names (SpeculativeConfig refuses unknown methods)."""
+def make_proposer(config: SpeculativeConfig, target: EngineConfig | None = None,
+                  runtime: RuntimeConfig | None = None) -> Proposer:
+    """The proposer `config.method` names (SpeculativeConfig refuses unknown methods). draft_model
+    loads its engine here, checked against the `target` engine's vocabulary, on `runtime`'s device."""
     if config.method == "ngram":
         from trtforge.serving.spec_decode.ngram import NgramProposer
 
         return NgramProposer(config.prompt_lookup_min, config.prompt_lookup_max)
+    if config.method == "draft_model":
+        if target is None:
+            raise ValueError("speculative method draft_model needs the target engine's config to check the "
+                             "draft's vocabulary against (make_proposer(config, target, runtime))")
+        from trtforge.serving.spec_decode.draft_model import DraftModelProposer
+
+        device = str(runtime.device) if runtime is not None else "cpu"
+        verify = runtime.verify_checksums if runtime is not None else True
+        return DraftModelProposer.from_config(config, target, device, verify)
     raise ValueError(f"speculative method {config.method!r} has no proposer")

@@ -70,7 +70,8 @@ def test_the_parameter_is_what_the_model_runs(tmp_path, recorded, flags, expecte
 
 @pytest.mark.parametrize("value, message", [
     ("{oops", "is not JSON"),
-    ('{"method": "draft_model"}', "speculative method 'draft_model' is not supported"),
+    ('{"method": "eagle"}', "speculative method 'eagle' is not supported"),
+    ('{"method": "draft_model"}', 'needs "model"'),
     ('{"num_speculative_tokens": 4, "lookahead": 1}', r"unknown field\(s\) \['lookahead'\]"),
     ('{"prompt_lookup_min": 5, "prompt_lookup_max": 2}', "prompt_lookup_min=5 and prompt_lookup_max=2 are invalid"),
 ])
