@@ -32,6 +32,7 @@ from __future__ import annotations
 import dataclasses
 import itertools
 import time
+from concurrent.futures import Future
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Iterable, Iterator
@@ -56,7 +57,7 @@ from trtforge.serving.sampler import Sampler, SamplingState
 from trtforge.serving.spec_decode.controller import SpecDecodeController
 from trtforge.serving.spec_decode.step import sample_step
 from trtforge.serving.stop_checker import StopChecker
-from trtforge.serving.structured_output import GrammarCompiler
+from trtforge.serving.structured_output import GrammarCompiler, PendingGrammars
 from trtforge.serving.worker.cuda_graphs import DEFAULT_BATCH_SIZES
 from trtforge.serving.worker.executor import Executor, make_executor
 from trtforge.serving.worker.model_inputs import prepare_inputs
@@ -211,6 +212,7 @@ class LLMEngine:
         self.requests_timed_out_total = 0
         self._deadlines: dict[str, float] = {}  # request id -> monotonic time it times out
         self._grammars: GrammarCompiler | None = None  # built by the first structured-output request
+        self._compiling = PendingGrammars()  # requests whose grammar compiles, not yet in the scheduler
         self.spec: SpecDecodeController | None = None
         """Speculative decoding's proposer and adaptive rule (None: one token per decode step)."""
         if speculation is not None:
@@ -287,8 +289,7 @@ class LLMEngine:
             max_tokens = 1
         state = SamplingState(params=params, prompt_token_ids=ids, eos_token_ids=self._eos,
                               seed=handoff.seed if handoff is not None else None)
-        if params.is_guided:  # compiled here, never in a step; a bad grammar refuses this request only
-            state.grammar = self.grammar_compiler().matcher(params)
+        compiling = self._start_grammar(state) if params.is_guided else None
         req = _Request(rid, len(ids), state,
                        IncrementalDetokenizer(self.tokenizer, ids, params.skip_special_tokens),
                        StopChecker(self.scheduler_config.max_seq_len), RequestMetrics(arrival))
@@ -312,12 +313,7 @@ class LLMEngine:
                        num_external_tokens=len(ids) if handoff is not None else 0,
                        external_first_block=handoff.first_block if handoff is not None else 0,
                        cache_salt=salt)
-        try:
-            self.scheduler.add(seq)  # validates length and KV need, bounds the waiting queue
-        except EngineOverloaded:
-            self.requests_refused_total += 1
-            raise
-        req.seq = seq
+        self._queue(req, seq, compiling)
         self._requests[rid] = req
         if params.timeout_s is not None:
             self._deadlines[rid] = arrival + params.timeout_s
@@ -349,6 +345,50 @@ class LLMEngine:
             self._grammars = GrammarCompiler(self.tokenizer, self.engine_config.model.vocab_size, self._eos)
         return self._grammars
 
+    def _start_grammar(self, state: SamplingState) -> Future | None:
+        """A cached grammar: the request's matcher now (None). Else its compile, started off the loop
+        (its Future): the guide is parsed now, a bad one refuses this request only; what fails
+        later (in the compile, or no first token allowed) fails it in `_admit_compiled`."""
+        params, compiler = state.params, self.grammar_compiler()
+        compiled = compiler.ready(params.guided_decoding_guide_type, params.guided_decoding_guide)
+        if compiled is None:
+            return compiler.submit(params.guided_decoding_guide_type, params.guided_decoding_guide)
+        state.grammar = compiler.matcher(params, compiled)
+        return None
+
+    def _queue(self, req: _Request, seq: Sequence, compiling: Future | None) -> None:
+        """Hand a new request's Sequence to the scheduler, or, while its grammar compiles, to
+        the compiling list (`_admit_compiled` queues it once the grammar is ready)."""
+        try:
+            if compiling is not None:  # refused now for what `add` would refuse (checked again then)
+                self.scheduler.check(seq)
+                self._compiling.add(req.request_id, compiling, seq)
+                return
+            self.scheduler.add(seq)  # validates length and KV need, bounds the waiting queue
+        except EngineOverloaded:
+            self.requests_refused_total += 1
+            raise
+        req.seq = seq
+
+    def _admit_compiled(self) -> None:
+        """The requests whose grammar has finished compiling join the scheduler's queue, with their
+        matcher (a handoff's first token replayed into it); a failed compile, a grammar that admits
+        no output, or a queue that no longer takes the request fails that request alone."""
+        for rid, seq, compiled, error in self._compiling.pop_ready():
+            req = self._requests[rid]
+            try:
+                if error is not None:
+                    raise error
+                req.sampling.grammar = self.grammar_compiler().matcher(req.sampling.params, compiled)
+                req.sampling.grammar.replay(list(req.sampling.output_token_ids))
+                self.scheduler.add(seq)
+            except (ValueError, EngineOverloaded) as exc:
+                self.requests_refused_total += isinstance(exc, EngineOverloaded)
+                error = f"request {rid} failed: {exc}"
+                self._pending.append(self._finish(req, FinishReason.ERROR, [], "", error=error))
+                continue
+            req.seq = seq
+
     def poll(self) -> None:
         """Housekeeping between steps when idle: the connector frees handoffs taken or past their
         deadline."""
@@ -359,6 +399,8 @@ class LLMEngine:
         """Release what outlives the process otherwise (the context phase's shared segment)."""
         if self.connector is not None:
             self.connector.close()
+        if self._grammars is not None:
+            self._grammars.close()
 
     def _encode(self, prompt: str | list[int]) -> list[int]:
         if isinstance(prompt, str):
@@ -380,7 +422,8 @@ class LLMEngine:
         if req is None:
             return False
         reason = FinishReason(reason)
-        self.scheduler.finish(request_id, _STATUS[reason])
+        if not self._compiling.discard(request_id):  # one whose grammar compiles is not in the scheduler
+            self.scheduler.finish(request_id, _STATUS[reason])
         self._pending.append(self._finish(req, reason, [], "", error=error))
         return True
 
@@ -392,11 +435,13 @@ class LLMEngine:
         """One iteration: schedule → execute → update. Returns this step's outputs."""
         self._expire_deadlines()  # before schedule(): a timed-out request is never scheduled
         self.poll()
+        self._admit_compiled()  # before schedule(): a request whose grammar is ready is queued this step
         outputs, self._pending = self._pending, []
         sched = self.scheduler.schedule(self._propose()) if self.spec is not None else self.scheduler.schedule()
         if sched.kv_imports:
             self._load_kv(sched)
         if sched.is_empty:
+            self._compiling.wait(0.01)  # only grammars compiling: wait for one rather than spin
             return outputs + self._drain_pending()
         now = time.monotonic()
         for chunk in sched.chunks:

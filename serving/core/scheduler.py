@@ -179,7 +179,17 @@ class Scheduler:
     def add(self, seq: Sequence) -> None:
         """Queue a new request. ValueError for one that could never be scheduled — prompt +
         max_tokens beyond max_seq_len included: refused, never shortened; EngineOverloaded when
-        the waiting queue is at max_queue_size or max_queued_tokens."""
+        the waiting queue is at max_queue_size or max_queued_tokens (`check`)."""
+        self.check(seq)
+        seq.status = SequenceStatus.WAITING
+        self._seqs[seq.seq_id] = seq
+        self._rank[seq.seq_id] = next(self._counter)
+        self._waiting.append(seq)
+        self._queued_tokens += seq.num_prompt_tokens
+
+    def check(self, seq: Sequence) -> None:
+        """What `add` refuses, without queueing: a request that waits elsewhere first (its grammar
+        compiling) is refused at once, and checked again when it is added."""
         cfg = self.config
         if seq.seq_id in self._seqs:
             raise ValueError(f"sequence id {seq.seq_id} is already in use by an unfinished request")
@@ -205,11 +215,6 @@ class Scheduler:
                 f"{cfg.max_seq_len - n_prompt} for this prompt, or shorten the prompt")
         self._check_fits_pool(seq, seq.max_tokens)
         self._check_queue_room(seq)
-        seq.status = SequenceStatus.WAITING
-        self._seqs[seq.seq_id] = seq
-        self._rank[seq.seq_id] = next(self._counter)
-        self._waiting.append(seq)
-        self._queued_tokens += n_prompt
 
     def _check_external_window(self, seq: Sequence) -> None:
         """A handoff may leave out only the leading blocks this engine's window never reads again."""
