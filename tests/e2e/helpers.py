@@ -37,3 +37,22 @@ def fail_alone(bad: list, good: list, expected: list[str]) -> None:
             with pytest.raises(RuntimeError, match=why):
                 future.result()
         assert [f.result() for f in good_futures] == expected
+
+
+def engine_with_chat_template(engine_dir: Path, root: Path, template: Path) -> Path:
+    """A copy of `engine_dir` under `root` whose tokenizer carries `template` as its chat template (engine.json's
+    digests rewritten to match), emitted as the Triton repository `root / "repo"`; returns the engine copy."""
+    import json
+    import shutil
+
+    from trtforge.models.engine_dir import read_engine_config, write_engine_json
+
+    engine = root / "qwen-template"
+    shutil.copytree(engine_dir, engine)
+    (engine / "chat_template.jinja").unlink(missing_ok=True)
+    config = json.loads((engine / "tokenizer_config.json").read_text())
+    config["chat_template"] = template.read_text()
+    (engine / "tokenizer_config.json").write_text(json.dumps(config))
+    write_engine_json(engine, read_engine_config(engine, verify_checksums=False))  # the new digests
+    run_cli("trtforge", "emit-repo", str(engine), str(root / "repo"))
+    return engine

@@ -6,14 +6,13 @@ the tools, on the e2e engine behind a real tritonserver."""
 from __future__ import annotations
 
 import json
-import shutil
 import urllib.request
 from pathlib import Path
 
 import openai
 import pytest
 
-from tests.e2e.helpers import run_cli
+from tests.e2e.helpers import engine_with_chat_template
 from tests.e2e.openai_server import start_serve
 
 pytestmark = pytest.mark.e2e
@@ -36,17 +35,8 @@ CONVERSATIONS = {
 
 @pytest.fixture(scope="module")
 def serve(engine_dir, tmp_path_factory):
-    from trtforge.models.engine_dir import read_engine_config, write_engine_json
-
     root = tmp_path_factory.mktemp("openai-tokenize-tools")
-    engine = root / "qwen-template"
-    shutil.copytree(engine_dir, engine)
-    (engine / "chat_template.jinja").unlink(missing_ok=True)
-    config = json.loads((engine / "tokenizer_config.json").read_text())
-    config["chat_template"] = TEMPLATE.read_text()
-    (engine / "tokenizer_config.json").write_text(json.dumps(config))
-    write_engine_json(engine, read_engine_config(engine, verify_checksums=False))  # the new digests
-    run_cli("trtforge", "emit-repo", str(engine), str(root / "repo"))
+    engine_with_chat_template(engine_dir, root, TEMPLATE)
     process = start_serve(root / "repo", root / "tritonserver.log", "--served-model-name", NAME)
     try:
         yield process

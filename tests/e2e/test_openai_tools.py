@@ -11,7 +11,6 @@ under the same guide. The count of tests here is checked in conftest.EXPECTED_TE
 from __future__ import annotations
 
 import json
-import shutil
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -19,7 +18,7 @@ import jsonschema
 import openai
 import pytest
 
-from tests.e2e.helpers import run_cli
+from tests.e2e.helpers import engine_with_chat_template
 from tests.e2e.openai_server import ServeProcess, start_serve
 
 pytestmark = pytest.mark.e2e
@@ -62,18 +61,10 @@ class ToolsApi:
 
 @pytest.fixture(scope="module")
 def api(engine_dir, tmp_path_factory):
-    from trtforge.models.engine_dir import read_engine_config, write_engine_json
     from trtforge.serving.engine import LLMEngine
 
     root = tmp_path_factory.mktemp("openai-tools")
-    engine = root / "qwen-template"
-    shutil.copytree(engine_dir, engine)
-    (engine / "chat_template.jinja").unlink(missing_ok=True)
-    config = json.loads((engine / "tokenizer_config.json").read_text())
-    config["chat_template"] = TEMPLATE.read_text()
-    (engine / "tokenizer_config.json").write_text(json.dumps(config))
-    write_engine_json(engine, read_engine_config(engine, verify_checksums=False))  # the new digests
-    run_cli("trtforge", "emit-repo", str(engine), str(root / "repo"))
+    engine = engine_with_chat_template(engine_dir, root, TEMPLATE)
     serve = start_serve(root / "repo", root / "tritonserver.log", "--served-model-name", NAME)
     try:
         client = openai.OpenAI(base_url=serve.openai_url, api_key="unused", max_retries=0, timeout=120)
