@@ -14,6 +14,7 @@ import jsonschema
 import pytest
 
 from tests.helpers.checkpoints import make_checkpoint
+from tests.serving.test_structured_output import guided, run_all
 from trtforge.builder.build import build_engine
 from trtforge.builder.build_config import BuildConfig
 from trtforge.config.sampling import SamplingParams
@@ -46,17 +47,7 @@ def engine_dir(tmp_path_factory):
 
 
 def schema_params(schema: str = SLOW, **kw) -> SamplingParams:
-    return SamplingParams(guided_decoding_guide_type="json_schema", guided_decoding_guide=schema,
-                          max_tokens=kw.pop("max_tokens", 80), **kw)
-
-
-def run_all(engine: LLMEngine) -> dict:
-    final = {}
-    while engine.has_unfinished():
-        for out in engine.step():
-            if out.finished:
-                final[out.request_id] = out
-    return final
+    return guided("json_schema", schema, max_tokens=kw.pop("max_tokens", 80), **kw)
 
 
 def assert_valid(out, schema: str = SLOW) -> None:
