@@ -145,15 +145,16 @@ class QuantLinear(nn.Module):
         return ql.dequantize(q, self.scales, self.scheme, self.group, dtype, self.zeros)
 
     vnni: tuple[torch.Tensor, torch.Tensor] | None = None
-    """int8 weights packed for the AVX-512 VNNI kernel (`pack_weights`), else None."""
+    """int8 weights packed in the VNNI layout for the packed int8 GEMM (`pack_weights`), else None."""
 
     def pack_weights(self) -> None:
-        """At load: an int8 layer on int8-activation C kernels packs its weights for the VNNI GEMM
-        where this build has it (AVX-512 VNNI: 5.9x the AVX2 kernel's rate at 64 rows, one core);
+        """At load: an int8 layer on int8-activation C kernels packs its weights for the packed int8 GEMM
+        where this build has one (`ql.panels_kernel`: AVX-512 VNNI, 5.9x the AVX2 row kernels' rate at
+        64 rows on one core; AVX2 on the same layout, 1.1-1.3x them on an AVX2-only EPYC);
         the row-major qweight is then dropped, except the LM head's (a tied head's embeddings read
         its rows); the reference path unpacks it when it runs."""
         if (self.vnni is None and self.scheme == "int8_wo" and self.a8 and self.c_kernels and self.qweight is not None
-                and not self.qweight.is_meta and self.qweight.device.type == "cpu" and ql.vnni_available()):
+                and not self.qweight.is_meta and self.qweight.device.type == "cpu" and ql.panels_kernel()):
             self.vnni = ql.pack_int8_vnni(self.qweight)
             if not self.gemv_only:  # a decoder layer, not the head
                 self.qweight = None

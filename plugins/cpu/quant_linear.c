@@ -240,6 +240,7 @@ typedef struct {                 /* one call's quantised activation rows (thread
     float *d4;                   /* [rows, k / QK * 4]: each block scale four times (int4: a pair of blocks' lanes) */
     int32_t *corr;               /* [rows, (k / QK + 1) * 4]: int4 only, 8 * sum(xq) per int32 lane of the dot
                                   * (a lone last block's 8 lanes reach 4 past k / QK * 4) */
+    uint8_t *xa;                 /* [rows, k]: |xq| (the AVX2 panel GEMM's unsigned operand) */
     size_t cap;
 } act_buf;
 
@@ -248,12 +249,13 @@ static __thread act_buf tls_act;
 static int act_reserve(act_buf *a, int64_t rows, int64_t k) {
     const size_t need = (size_t)(rows * k);
     if (need <= a->cap) return 0;
-    free(a->q); free(a->d); free(a->d4); free(a->corr);
+    free(a->q); free(a->d); free(a->d4); free(a->corr); free(a->xa);
     a->q = malloc(need + 64);
+    a->xa = malloc(need + 64);
     a->d = malloc(need / QK * sizeof(float) + 64);
     a->d4 = malloc(need / QK * 4 * sizeof(float) + 64);
     a->corr = malloc(need / QK * 8 * sizeof(int32_t) + 64);  /* rows <= need / QK */
-    a->cap = (a->q && a->d && a->d4 && a->corr) ? need : 0;
+    a->cap = (a->q && a->d && a->d4 && a->corr && a->xa) ? need : 0;
     return a->cap ? 0 : -1;
 }
 
@@ -684,11 +686,8 @@ void trtforge_quantize_activations(const float *x, int64_t rows, int64_t k, int8
  * trtforge_vnni() says whether this build has it (compiled for an AVX-512 VNNI CPU); without it
  * the functions exist but return -2 (the caller keeps the AVX2 kernels).
  */
-#if defined(__AVX512F__) && defined(__AVX512VNNI__)
-#define VNNI_MR 8
-
-int trtforge_vnni(void) { return 1; }
-
+#if defined(__AVX2__)
+/* Also read by the AVX2 panel GEMM below (which ignores wsum). */
 /* out [ceil(n/16)][k/4][16][4] int8, wsum [ceil(n/16)][k/32][16] int32 = 128 * block sums.
  * Written in order: per group of 4 inputs, 4 bytes from each of the panel's 16 rows. */
 int trtforge_pack_int8_vnni(const int8_t *q, int64_t n, int64_t k, int8_t *out, int32_t *wsum, int64_t threads) {
@@ -711,6 +710,14 @@ int trtforge_pack_int8_vnni(const int8_t *q, int64_t n, int64_t k, int8_t *out, 
     }
     return 0;
 }
+
+#endif
+
+#if defined(__AVX512F__) && defined(__AVX512VNNI__)
+#define VNNI_MR 8
+
+int trtforge_vnni(void) { return 1; }
+int trtforge_int8_panels(void) { return 2; }
 
 static inline __attribute__((always_inline)) void vnni_tile(const int mr, const uint8_t *xu, const float *xd,
                                                            int64_t k, const int8_t *wp, const int32_t *ws,
@@ -777,8 +784,102 @@ int trtforge_gemm_int8_vnni(const float *x, int64_t rows, const int8_t *wp, cons
     }
     return 0;
 }
+#elif defined(__AVX2__)
+/* ---- the same panels on AVX2 without VNNI ----
+ * The row kernels above re-read each weight row for every pair of activation rows and pay a float
+ * conversion per output, row and block; a batched step was bound by that (an int8 engine's 64-request
+ * load ran slower than float32). Here one 32-byte vector holds a panel half's 8 outputs x 4 inputs, so
+ * per activation row and group of 4 inputs: vpsignb (x's sign onto the weights, as dot_i8), vpmaddubsw
+ * against |x| broadcast, vpmaddwd into 8 int32 lanes that are 8 outputs, vpaddd — 32 multiply-adds in
+ * 4 instructions, with no horizontal sums; the block's int32 sums times d once per 8 outputs. The
+ * integer dot is exact (pairs <= 2 * 127 * 127), so results equal the row kernels' up to float32
+ * summation order. A register tile is AVX2_MR rows x 16 outputs; panels split over the threads. */
+#define AVX2_MR 4
+
+int trtforge_vnni(void) { return 0; }
+int trtforge_int8_panels(void) { return 1; }
+
+static inline __attribute__((always_inline)) void avx2_panel_tile(const int mr, const int8_t *xq, const uint8_t *xa,
+                                                                 const float *xd, int64_t k, const int8_t *wp,
+                                                                 const float *scale, const float *bias, float *y,
+                                                                 int64_t ldy, int64_t n0, int64_t cols) {
+    const int64_t nb = k / QK;
+    const __m256i ones = _mm256_set1_epi16(1);
+    __m256 f[AVX2_MR][2];
+#pragma GCC unroll 4
+    for (int r = 0; r < mr; r++) f[r][0] = f[r][1] = _mm256_setzero_ps();
+    for (int64_t b = 0; b < nb; b++) {
+        __m256i acc[AVX2_MR][2];
+#pragma GCC unroll 4
+        for (int r = 0; r < mr; r++) acc[r][0] = acc[r][1] = _mm256_setzero_si256();
+#pragma GCC unroll 8
+        for (int64_t g = 0; g < QK / 4; g++) {
+            const int8_t *w = wp + (b * (QK / 4) + g) * 64;
+            const __m256i w0 = _mm256_loadu_si256((const __m256i *)w), w1 = _mm256_loadu_si256((const __m256i *)(w + 32));
+#pragma GCC unroll 4
+            for (int r = 0; r < mr; r++) {
+                int32_t s4, a4;
+                memcpy(&s4, xq + r * k + b * QK + g * 4, 4);
+                memcpy(&a4, xa + r * k + b * QK + g * 4, 4);
+                const __m256i xs = _mm256_set1_epi32(s4), xu = _mm256_set1_epi32(a4);
+                acc[r][0] = _mm256_add_epi32(acc[r][0], _mm256_madd_epi16(_mm256_maddubs_epi16(xu, _mm256_sign_epi8(w0, xs)), ones));
+                acc[r][1] = _mm256_add_epi32(acc[r][1], _mm256_madd_epi16(_mm256_maddubs_epi16(xu, _mm256_sign_epi8(w1, xs)), ones));
+            }
+        }
+#pragma GCC unroll 4
+        for (int r = 0; r < mr; r++) {
+            const __m256 d = _mm256_broadcast_ss(xd + r * nb + b);
+            f[r][0] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(acc[r][0]), d, f[r][0]);
+            f[r][1] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(acc[r][1]), d, f[r][1]);
+        }
+    }
+    float sc[16], bi[16];
+    for (int64_t j = 0; j < 16; j++) {
+        sc[j] = j < cols ? scale[n0 + j] : 0.0f;
+        bi[j] = j < cols && bias ? bias[n0 + j] : 0.0f;
+    }
+    for (int r = 0; r < mr; r++) {
+        float out[16];
+        _mm256_storeu_ps(out, _mm256_fmadd_ps(f[r][0], _mm256_loadu_ps(sc), _mm256_loadu_ps(bi)));
+        _mm256_storeu_ps(out + 8, _mm256_fmadd_ps(f[r][1], _mm256_loadu_ps(sc + 8), _mm256_loadu_ps(bi + 8)));
+        memcpy(y + r * ldy + n0, out, (size_t)cols * sizeof(float));
+    }
+}
+
+static void avx2_panel_rows(int mr, const int8_t *xq, const uint8_t *xa, const float *xd, int64_t k, const int8_t *wp,
+                            const float *scale, const float *bias, float *y, int64_t ldy, int64_t n0, int64_t cols) {
+    switch (mr) {
+#define CASE(R) case R: avx2_panel_tile(R, xq, xa, xd, k, wp, scale, bias, y, ldy, n0, cols); break;
+    CASE(1) CASE(2) CASE(3) CASE(4)
+#undef CASE
+    default: break;
+    }
+}
+
+/* y = x W^T + b as the VNNI kernel computes it (wsum unused: the activations stay signed). */
+int trtforge_gemm_int8_vnni(const float *x, int64_t rows, const int8_t *wp, const int32_t *wsum, const float *scale,
+                            const float *bias, float *y, int64_t n, int64_t k, int64_t threads) {
+    (void)wsum;
+    act_buf *a = &tls_act;
+    if (act_reserve(a, rows, k)) return -1;
+    quantize_rows(x, rows, k, 0, a, threads);
+    for (int64_t i = 0; i < rows * k; i += 32)  /* k is a multiple of 32 */
+        _mm256_storeu_si256((__m256i *)(a->xa + i), _mm256_abs_epi8(_mm256_loadu_si256((const __m256i *)(a->q + i))));
+    const int64_t panels = (n + 15) / 16, nb = k / QK;
+#pragma omp parallel for schedule(static) num_threads(threads)
+    for (int64_t p = 0; p < panels; p++) {
+        const int64_t n0 = p * 16, cols = n - n0 < 16 ? n - n0 : 16;
+        for (int64_t r0 = 0; r0 < rows; r0 += AVX2_MR) {
+            const int mr = (int)(rows - r0 < AVX2_MR ? rows - r0 : AVX2_MR);
+            avx2_panel_rows(mr, a->q + r0 * k, a->xa + r0 * k, a->d + r0 * nb, k, wp + p * k * 16, scale, bias,
+                            y + r0 * n, n, n0, cols);
+        }
+    }
+    return 0;
+}
 #else
 int trtforge_vnni(void) { return 0; }
+int trtforge_int8_panels(void) { return 0; }
 int trtforge_pack_int8_vnni(const int8_t *q, int64_t n, int64_t k, int8_t *out, int32_t *wsum, int64_t threads) {
     (void)q; (void)n; (void)k; (void)out; (void)wsum; (void)threads;
     return -2;

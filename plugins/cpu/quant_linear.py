@@ -50,6 +50,7 @@ _SIGNATURES = {"trtforge_gemv_int8": (None, [_P, _I, _P, _P, _P, _P, _I, _I, _I]
                "trtforge_dequant_int8": (None, [_P, _P, _P, _I, _I, _I]),
                "trtforge_dequant_int4": (None, [_P, _P, _P, _I, _I, _I, _I]),
                "trtforge_vnni": (ctypes.c_int, []),
+               "trtforge_int8_panels": (ctypes.c_int, []),
                "trtforge_pack_int8_vnni": (ctypes.c_int, [_P, _I, _I, _P, _P, _I]),
                "trtforge_gemm_int8_vnni": (ctypes.c_int, [_P, _I, _P, _P, _P, _P, _P, _I, _I, _I]),
                "trtforge_gather_columns": (None, [_P, _I, _I, _P, _P]),
@@ -256,11 +257,19 @@ def gemv(x: torch.Tensor, qweight: torch.Tensor, scales: torch.Tensor, bias: tor
     return y
 
 
-# ---- int8 x int8 on AVX-512 VNNI: weights packed at load (quant_linear.c) ------------------------
+# ---- int8 x int8 on weights packed at load (quant_linear.c): AVX-512 VNNI, or AVX2 on the same layout --
 def vnni_available(lib: ctypes.CDLL | None = None) -> bool:
     """Whether the library (default this process's) was built with the VNNI kernel (AVX-512 VNNI CPU)."""
     lib = lib or library()
     return lib is not None and lib.trtforge_vnni() == 1
+
+
+def panels_kernel(lib: ctypes.CDLL | None = None) -> str | None:
+    """Which kernel of the library (default this process's) reads VNNI-layout panels (`pack_int8_vnni`):
+    "vnni" (AVX-512 VNNI builds), "avx2" (other AVX2 builds: vpsignb + vpmaddubsw + vpmaddwd on the
+    same layout), None (portable builds: no packed int8 GEMM)."""
+    lib = lib or library()
+    return None if lib is None else {2: "vnni", 1: "avx2"}.get(lib.trtforge_int8_panels())
 
 
 def pack_int8_vnni_reference(qweight: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
@@ -281,7 +290,7 @@ def unpack_int8_vnni(packed: torch.Tensor, out_features: int) -> torch.Tensor:
 
 
 def pack_int8_vnni(qweight: torch.Tensor, lib: ctypes.CDLL | None = None) -> tuple[torch.Tensor, torch.Tensor]:
-    """`pack_int8_vnni_reference`'s layout, by the C kernel (needs `vnni_available`)."""
+    """`pack_int8_vnni_reference`'s layout, by the C kernel (needs `panels_kernel`)."""
     lib = lib or library()
     n, k = qweight.shape
     panels = -(-n // 16)
@@ -289,15 +298,16 @@ def pack_int8_vnni(qweight: torch.Tensor, lib: ctypes.CDLL | None = None) -> tup
     wsum = torch.empty(panels, k // ACT_BLOCK, 16, dtype=torch.int32)
     if lib.trtforge_pack_int8_vnni(qweight.contiguous().data_ptr(), n, k, packed.data_ptr(), wsum.data_ptr(),
                                    torch.get_num_threads()):
-        raise RuntimeError("this build of quant_linear.c has no VNNI kernel")
+        raise RuntimeError("this build of quant_linear.c has no packed int8 GEMM (neither VNNI nor AVX2)")
     return packed, wsum
 
 
 def gemm_int8_vnni(x: torch.Tensor, packed: torch.Tensor, wsum: torch.Tensor, scales: torch.Tensor,
                    bias: torch.Tensor | None, out_features: int, lib: ctypes.CDLL | None = None,
                    out: torch.Tensor | None = None) -> torch.Tensor:
-    """y = x W^T + b with x quantised per block of 32 (`gemv_a8_reference`'s arithmetic) on the VNNI
-    kernel; x float32 contiguous [..., K] (`kernel_ok`, K a multiple of 32); out as `gemv`'s."""
+    """y = x W^T + b with x quantised per block of 32 (`gemv_a8_reference`'s arithmetic) on the packed
+    kernel (`panels_kernel`: VNNI, or AVX2 on the same layout); x float32 contiguous [..., K]
+    (`kernel_ok`, K a multiple of 32); out as `gemv`'s."""
     lib = lib or LIBRARY.lib
     k = x.shape[-1]
     y = _output(x, out_features, out)
@@ -306,7 +316,7 @@ def gemm_int8_vnni(x: torch.Tensor, packed: torch.Tensor, wsum: torch.Tensor, sc
                                      out_features, k, torch.get_num_threads())
     if rc:
         raise MemoryError("int8 VNNI GEMM: no memory for the int8 activation rows" if rc == -1
-                          else "this build of quant_linear.c has no VNNI kernel")
+                          else "this build of quant_linear.c has no packed int8 GEMM (neither VNNI nor AVX2)")
     return y
 
 
@@ -326,5 +336,5 @@ def dequantize_into(out: torch.Tensor, qweight: torch.Tensor, scales: torch.Tens
 
 __all__ = ["ACT_BLOCK", "GEMV_MAX_ROWS", "QMAX", "SCHEMES", "a8_ok", "dequantize", "dequantize_into", "gemm_int8_vnni",
            "gather_columns", "gemv", "pack_int8_vnni", "pack_int8_vnni_reference", "unpack_int8_vnni", "vnni_available",
-           "gemv_a8_reference", "gemv_function", "kernel_ok", "pack_int4", "quantize", "quantize_activations",
-           "unpack_int4", "zero_point_correction", "zero_point_correction_into"]
+           "gemv_a8_reference", "gemv_function", "kernel_ok", "pack_int4", "panels_kernel", "quantize",
+           "quantize_activations", "unpack_int4", "zero_point_correction", "zero_point_correction_into"]

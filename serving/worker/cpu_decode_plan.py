@@ -82,7 +82,7 @@ def _quant_parts(lin: QuantLinear) -> tuple[Any, tuple, tuple]:
     """(function, weight arguments, shape arguments) of the quantized GEMV of `lin`, called as
     function(x, rows, *weights, y, *shape, threads): the int8-activation kernel where the layer uses it
     (`lin.a8`), as QuantLinear runs it."""
-    if lin.vnni is not None:  # packed for the AVX-512 VNNI GEMM (QuantLinear.pack_weights)
+    if lin.vnni is not None:  # packed for the int8 panel GEMM, VNNI or AVX2 (QuantLinear.pack_weights)
         return (cpu_quant.LIBRARY.lib.trtforge_gemm_int8_vnni, (lin.vnni[0].data_ptr(), lin.vnni[1].data_ptr(),
                 lin.scales.data_ptr(), _ptr(lin.bias)), (lin.out_features, lin.in_features))
     shape = (lin.out_features, lin.in_features) + (() if lin.scheme == "int8_wo" else (lin.group,))

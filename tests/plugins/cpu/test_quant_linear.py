@@ -293,21 +293,40 @@ def test_quant_linear_takes_the_a8_kernel_for_prefill_too(scheme, group):
     assert (got.double() - want).abs().max() > 0  # the two paths really differ (activation rounding)
 
 
-# ---- int8 x int8 on AVX-512 VNNI ----------------------------------------------------------------
-needs_vnni = pytest.mark.skipif(not ql.vnni_available(), reason="needs an AVX-512 VNNI CPU (the AVX2 int8 "
-                                "kernels above are its sibling on every CPU)")
+# ---- int8 x int8 on packed panels: AVX-512 VNNI, or AVX2 on the same layout ---------------------
+needs_panels = pytest.mark.skipif(ql.panels_kernel() is None, reason="needs an AVX2 CPU (the portable build has "
+                                  "no packed int8 GEMM; its row kernels above are tested on every CPU)")
 
 
 def test_vnni_kernel_only_in_vnni_builds(each_isa):
     lib = ql.LIBRARY.lib
     has = "avx512_vnni" in native.cpu_flags().split() and each_isa == "avx512"
     assert bool(lib.trtforge_vnni()) == has
-    if not has:
-        with pytest.raises(RuntimeError, match="no VNNI"):
+    assert ql.panels_kernel(lib) == ("vnni" if has else None if each_isa == "portable" else "avx2")
+    if each_isa == "portable":
+        with pytest.raises(RuntimeError, match="no packed int8 GEMM"):
             ql.pack_int8_vnni(torch.zeros(16, 32, dtype=torch.int8), lib)
 
 
-@needs_vnni
+@pytest.mark.parametrize("rows", [1, 3, 4, 5, 64])
+def test_panel_gemm_on_every_isa(each_isa, rows):
+    """The AVX2 panel kernel where the ISA is AVX2 (also on an AVX-512 machine), VNNI's on AVX-512 VNNI:
+    both within float32 summation order of `gemv_a8_reference`; the portable build refuses."""
+    lib = ql.LIBRARY.lib
+    g = torch.Generator().manual_seed(rows)
+    q, scales = ql.quantize(torch.randn(40, 96, generator=g), "int8_wo", 0)
+    x, b = torch.randn(rows, 96, generator=g) * 3, torch.randn(40, generator=g)
+    if ql.panels_kernel(lib) is None:
+        with pytest.raises(RuntimeError, match="no packed int8 GEMM"):
+            ql.pack_int8_vnni(q, lib)
+        return
+    with torch.inference_mode():
+        got = ql.gemm_int8_vnni(x, *ql.pack_int8_vnni(q, lib), scales, b, 40, lib)
+    ref, magnitude = ql.gemv_a8_reference(x, q, scales, b, "int8_wo", 0)
+    assert ((got.double() - ref).abs() <= 64 * 2.0 ** -24 * magnitude + 1e-30).all()
+
+
+@needs_panels
 @pytest.mark.parametrize("n,k", [(16, 32), (50, 96), (33, 896)])
 def test_vnni_pack_is_the_reference_layout(n, k):
     q, _ = ql.quantize(torch.randn(n, k, generator=torch.Generator().manual_seed(n)), "int8_wo", 0)
@@ -316,13 +335,13 @@ def test_vnni_pack_is_the_reference_layout(n, k):
     assert torch.equal(packed, ref_packed) and torch.equal(wsum, ref_wsum)
 
 
-@needs_vnni
+@needs_panels
 @pytest.mark.parametrize("bias", [True, False])
 @pytest.mark.parametrize("rows", [1, 2, 7, 8, 9, 17, 64, 100])
 @pytest.mark.parametrize("n,k", [(50, 96), (16, 320)])
 def test_vnni_gemm_is_the_integer_reference(n, k, rows, bias):
-    """Every block's integer dot exact (the +128 offset taken back out): within float32 summation
-    order of `gemv_a8_reference`."""
+    """Every block's integer dot exact (VNNI: the +128 offset taken back out; AVX2: x's sign on the
+    weights): within float32 summation order of `gemv_a8_reference`."""
     g = torch.Generator().manual_seed(rows * n)
     q, scales = ql.quantize(torch.randn(n, k, generator=g), "int8_wo", 0)
     x, b = torch.randn(rows, k, generator=g) * 3, (torch.randn(n, generator=g) if bias else None)
@@ -332,8 +351,8 @@ def test_vnni_gemm_is_the_integer_reference(n, k, rows, bias):
     assert ((got.double() - ref).abs() <= 64 * 2.0 ** -24 * magnitude + 1e-30).all()
 
 
-@needs_vnni
-def test_int8_layers_pack_for_vnni_at_load():
+@needs_panels
+def test_int8_layers_pack_for_panels_at_load():
     from trtforge.models.quantized_layers import QuantLinear
 
     layer = QuantLinear(64, 40, True, "int8_wo", 0)
@@ -346,6 +365,6 @@ def test_int8_layers_pack_for_vnni_at_load():
         layer.pack_weights()
         assert layer.vnni is not None and layer.qweight is None  # a decoder layer holds the packed copy only
         after = layer(x)
-    torch.testing.assert_close(after, before, atol=1e-4, rtol=1e-5)  # the AVX2 int8 kernel, same integer dots
+    torch.testing.assert_close(after, before, atol=1e-4, rtol=1e-5)  # the row kernels, same integer dots
     assert torch.equal(ql.unpack_int8_vnni(layer.vnni[0], 40), q)
     torch.testing.assert_close(layer(x), x @ (q.float() * scales[:, None]).T + layer.bias, atol=1e-4, rtol=1e-5)
